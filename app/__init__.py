@@ -1,0 +1,1 @@
+"""npuchat application: command line, Textual UI, settings and conversation store."""

@@ -1,0 +1,178 @@
+"""`npuchat paths | models | pull | import | rm`: managing the model files on this machine."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from npuchat.engine.catalog import CatalogEntry, check_name, describe_gguf, sha256_file
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.pull import pull
+
+from .context import AppContext
+from .progress import RichPullProgress
+from .settings import read_toml, write_toml
+
+
+def human_size(n: int) -> str:
+    if n <= 0:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit in ("B", "KiB") else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def cmd_paths(ctx: AppContext, as_json: bool, console: Console) -> int:
+    data = ctx.paths.as_dict() | {"config_file": str(ctx.paths.config_file)}
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        for key, value in data.items():
+            console.print(f"[bold]{key:12}[/] {value}", highlight=False)
+    return 0
+
+
+def _model_row(ctx: AppContext, entry: CatalogEntry) -> dict[str, object]:
+    manifest = ctx.catalog.installed(entry)
+    row: dict[str, object] = {
+        "name": entry.name,
+        "arch": entry.arch,
+        "params": entry.params,
+        "size": manifest.size if manifest else entry.size,
+        "quant": entry.quant,
+        "installed": manifest is not None,
+        "default_draft": entry.default_draft,
+        "source": entry.source,
+        "default": entry.name == ctx.settings.model,
+    }
+    if manifest is not None:
+        row["path"] = str(ctx.catalog.file_path(entry))
+        row["sha256"] = manifest.sha256
+    return row
+
+
+def cmd_models(ctx: AppContext, as_json: bool, console: Console) -> int:
+    rows = [_model_row(ctx, e) for e in ctx.catalog.entries.values()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title="npuchat models", title_justify="left")
+    for col in ("name", "arch", "params", "size", "quant", "installed", "default draft"):
+        table.add_column(
+            col,
+            justify="right" if col in ("params", "size") else "left",
+            no_wrap=col in ("name", "size"),
+        )
+    for row in rows:
+        name = f"{row['name']} [dim](default)[/]" if row["default"] else str(row["name"])
+        table.add_row(
+            name,
+            str(row["arch"]),
+            str(row["params"]),
+            human_size(int(row["size"])),  # type: ignore[arg-type]
+            str(row["quant"]),
+            "[green]yes[/]" if row["installed"] else "[dim]no[/]",
+            str(row["default_draft"] or ""),
+        )
+    console.print(table)
+    return 0
+
+
+def pull_model(
+    ctx: AppContext,
+    name: str,
+    *,
+    console: Console,
+    with_draft: bool = True,
+    force: bool = False,
+    pip_args: tuple[str, ...] = (),
+) -> Path:
+    """Pull `name` (and its default draft unless told not to); print what happened."""
+    entry = ctx.catalog.get(name)
+    names = [name]
+    if with_draft and entry.default_draft:
+        names.append(entry.default_draft)
+    path = None
+    for n in names:
+        p, fetched = pull(
+            ctx.catalog,
+            n,
+            progress=RichPullProgress(Console(stderr=True)),
+            pip_args=pip_args,
+            force=force,
+        )
+        verb = "pulled and verified" if fetched else "already installed"
+        console.print(f"{n}: {verb} ({p})", highlight=False)
+        path = path or p
+    assert path is not None
+    return path
+
+
+def cmd_pull(
+    ctx: AppContext,
+    name: str,
+    *,
+    console: Console,
+    no_draft: bool,
+    force: bool,
+    pip_args: tuple[str, ...],
+) -> int:
+    pull_model(ctx, name, console=console, with_draft=not no_draft, force=force, pip_args=pip_args)
+    return 0
+
+
+def _default_name(path: Path) -> str:
+    stem = re.sub(r"[^a-z0-9._-]+", "-", path.stem.lower()).strip("-._")
+    return stem or "model"
+
+
+def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -> int:
+    path = Path(file).expanduser().resolve()
+    if not path.is_file():
+        raise NpuchatError(f"no such file: {path}; give the path of a .gguf file")
+    name = check_name(name or _default_name(path))
+    existing = ctx.catalog.entries.get(name)
+    if existing is not None and existing.builtin:
+        raise NpuchatError(f"{name!r} is a built-in model name; choose another with --name")
+    info = describe_gguf(path)  # validates the file and its architecture before hashing
+    with console.status(f"hashing {path.name}…"):
+        sha = sha256_file(path)
+    config = read_toml(ctx.paths.config_file)
+    config.setdefault("models", {})[name] = {
+        "path": str(path),
+        "arch": info["arch"],
+        "params": info["params"],
+        "quant": info["quant"],
+        "size": path.stat().st_size,
+        "sha256": sha,
+    }
+    write_toml(ctx.paths.config_file, config)
+    console.print(
+        f"imported {name} ({info['arch']}, {info['params']}) from {path}", highlight=False
+    )
+    return 0
+
+
+def cmd_rm(ctx: AppContext, name: str, console: Console) -> int:
+    entry = ctx.catalog.get(name)
+    if entry.path is not None:
+        config = read_toml(ctx.paths.config_file)
+        config.get("models", {}).pop(name, None)
+        write_toml(ctx.paths.config_file, config)
+        console.print(f"removed {name} from the catalog (your file {entry.path} was kept)")
+        return 0
+    file = ctx.catalog.file_path(entry)
+    manifest = ctx.catalog.manifest_path(entry)
+    if not file.exists() and not manifest.exists():
+        raise NpuchatError(f"model {name!r} is not installed; nothing to remove")
+    file.unlink(missing_ok=True)
+    manifest.unlink(missing_ok=True)
+    console.print(f"removed {name} ({file})", highlight=False)
+    return 0

@@ -1,0 +1,28 @@
+"""User-facing errors.
+
+Every error a user can cause (a bad name, a missing file, a corrupt download) is raised as an
+`NpuchatError` whose message is one line that says what to do. The CLI prints it and exits 2;
+the TUI shows it as a notification. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class NpuchatError(Exception):
+    """An error with a one-line, actionable message for the user."""
+
+
+class ModelNotFoundError(NpuchatError):
+    """A model name that is neither in the catalog nor imported."""
+
+
+class ModelNotInstalledError(NpuchatError):
+    """A catalog model that has not been pulled yet."""
+
+
+class IntegrityError(NpuchatError):
+    """A file whose hash or schema does not match what was recorded: never used, never deleted."""
+
+
+class UnsupportedModelError(NpuchatError):
+    """A GGUF whose architecture or tensor layout the engine cannot build graphs for."""

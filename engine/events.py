@@ -1,0 +1,144 @@
+"""The typed interface between a chat front end (TUI, `npuchat run`) and the engine.
+
+A front end builds a `ChatRequest`, calls `ChatEngine.generate` in a worker thread and consumes
+the events it yields until exactly one terminal event (`Finished`, `Cancelled` or `Failed`).
+Cancellation is a `threading.Event` the front end sets from any thread; the engine checks it
+between decode steps. Nothing here imports Textual, so the UI can be tested against a scripted
+engine that yields the same events.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+Role = Literal["system", "user", "assistant"]
+StopReason = Literal["eos", "stop_string", "max_tokens", "length"]
+NoticeLevel = Literal["info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Host-side sampling. temperature == 0 means greedy (argmax)."""
+
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One generation: the whole conversation so far, the engine works out what it can reuse."""
+
+    conversation_id: str
+    system_prompt: str
+    messages: tuple[ChatMessage, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Figures for one reply, as measured by the engine.
+
+    - ttft_s: request received -> first token text available (templating, tokenization,
+      prefill and the first sample included).
+    - prefill_tokens / prefill_tps: only tokens actually run through prefill; tokens whose KV
+      was reused are counted in reused_tokens instead.
+    - decode_tokens / decode_tps: tokens generated after the first one, over the time after it.
+    - kv_used / kv_capacity: slots holding valid KV / slots in the current capacity variant;
+      kv_max_capacity is the largest variant.
+    - drafted / accepted: speculative draft tokens proposed / accepted by the target.
+    """
+
+    ttft_s: float = 0.0
+    prefill_tokens: int = 0
+    prefill_tps: float = 0.0
+    reused_tokens: int = 0
+    decode_tokens: int = 0
+    decode_tps: float = 0.0
+    kv_used: int = 0
+    kv_capacity: int = 0
+    kv_max_capacity: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    mean_accepted_len: float = 0.0
+    draft_k: int = 0
+    draft_time_share: float = 0.0
+    model: str = ""
+    draft: str = ""
+    device: str = ""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New reply text (may be several tokens' worth; never half a UTF-8 character)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class MetricsUpdate:
+    metrics: Metrics
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should see that is not an error (e.g. turns dropped to fit)."""
+
+    text: str
+    level: NoticeLevel = "info"
+
+
+@dataclass(frozen=True)
+class Finished:
+    stop_reason: StopReason
+    metrics: Metrics
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    metrics: Metrics
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+Event = TokenDelta | MetricsUpdate | Notice | Finished | Cancelled | Failed
+TerminalEvent = Finished | Cancelled | Failed
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """What a front end needs from a loaded model (and optional draft)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def draft_name(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
+        """Yield events for one reply; the last one is a TerminalEvent."""
+        ...

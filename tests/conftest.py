@@ -1,0 +1,16 @@
+"""Shared fixtures: real models (pulled once into a cache outside the clone), synthetic GGUFs,
+and an isolated NPUCHAT_HOME for every test so no test touches the user's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from real_models import *  # noqa: F403  (fixtures)
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "npuchat-home"
+    monkeypatch.setenv("NPUCHAT_HOME", str(home))
+    return home
