@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, dest="tok_model")
     p.add_argument("--special", action="store_true", help="parse special tokens in the text")
     p.add_argument("text", help="text to tokenize, or - to read standard input")
+
+    from .run_command import add_run_arguments
+
+    p = sub.add_parser("run", help="generate a reply to one prompt, streamed to stdout")
+    add_run_arguments(p)
     return parser
 
 
@@ -114,6 +119,10 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         from .tokenize_command import cmd_tokenize
 
         return cmd_tokenize(ctx, args.tok_model, args.text, args.special)
+    if cmd == "run":
+        from .run_command import cmd_run
+
+        return cmd_run(ctx, args)
     raise AssertionError(f"unhandled command {cmd}")
 
 

@@ -1,31 +1,37 @@
-"""`npuchat` with no subcommand: make sure the chosen model is installed, then open the chat.
+"""`npuchat` with no subcommand: open the chat app.
 
-On first run the default model (and its draft) is pulled here, with a progress bar in the
-terminal, before anything else happens.
+The model is pulled (first run) and loaded by the app's loader in a worker thread, behind a
+progress screen, so the terminal shows the app at once and nothing blocks before it.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from rich.console import Console
 
 from .context import AppContext
-from .model_commands import pull_model
+from .engine_factory import check_draft, make_loader, resolve_device
 
 
 def launch_app(args: argparse.Namespace, console: Console) -> int:
+    from .store import ConversationStore
+    from .tui.app import run_app
+
     ctx = AppContext.load()
-    model = args.model or ctx.settings.model
-    draft = args.draft if args.draft is not None else ctx.settings.draft
-    entry = ctx.catalog.get(model)
-    with_draft = draft in ("", entry.default_draft)
-    pull_model(ctx, model, console=console, with_draft=with_draft)
-    if draft and draft not in ("none", "lookup"):
-        pull_model(ctx, draft, console=console, with_draft=False)
-    console.print(
-        f"{model} is installed and verified. The chat UI arrives with the TUI issue; "
-        "until then use `npuchat tokenize`.",
-        highlight=False,
+    settings = replace(
+        ctx.settings,
+        model=args.model or ctx.settings.model,
+        draft=args.draft if args.draft is not None else ctx.settings.draft,
+        device=args.device or ctx.settings.device,
     )
+    ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
+    check_draft(settings.draft)
+    resolve_device(settings.device)
+    store = ConversationStore.open(ctx.paths.database_file)
+    try:
+        run_app(settings, store, make_loader(ctx), config_path=ctx.paths.config_file)
+    finally:
+        store.close()
     return 0

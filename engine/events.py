@@ -88,9 +88,14 @@ class Metrics:
 
 @dataclass(frozen=True)
 class TokenDelta:
-    """New reply text (may be several tokens' worth; never half a UTF-8 character)."""
+    """New reply text (never half a UTF-8 character) and the ids of the tokens sampled for it.
+
+    Text can lag its ids (a character split over tokens, a possible stop string held back), so
+    `ids` may come with empty text and text with no ids.
+    """
 
     text: str
+    ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

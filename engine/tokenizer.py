@@ -27,6 +27,7 @@ is never shown half-way.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -142,6 +143,7 @@ _EOT_TEXTS = (
 )
 
 _SPACE = "\u2581"  # SentencePiece's visible space "▁"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # Token types llama.cpp matches in text before BPE (its cache_special_tokens).
 _SPECIAL_TYPES = (int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN))
 
@@ -207,7 +209,6 @@ class Tokenizer:
         self._add_bos = add_bos
         self._add_space_prefix = add_space_prefix
         self._rstrip_ids = rstrip_ids
-        self._text_to_id: dict[str, int] | None = None
         self._piece_cache: dict[int, bytes] = {}
         special = [int(i) for i in np.flatnonzero(np.isin(types, _SPECIAL_TYPES))]
         # Longest first (llama.cpp sorts its special-token cache by byte length, descending).
@@ -356,12 +357,7 @@ class Tokenizer:
 
     def token_to_id(self, text: str) -> int | None:
         """The id of a vocabulary entry given its stored text, if there is one."""
-        if self._text_to_id is None:
-            table: dict[str, int] = {}
-            for i, t in enumerate(self._tokens):
-                table.setdefault(t, i)
-            self._text_to_id = table
-        return self._text_to_id.get(text)
+        return self._hf.token_to_id(text)
 
     def is_special(self, token_id: int) -> bool:
         """CONTROL / UNKNOWN tokens: invisible in decoded text unless asked for."""
@@ -379,6 +375,11 @@ class Tokenizer:
         out: list[int] = []
         if add_bos and self._bos_id is not None:
             out.append(self._bos_id)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates (e.g. undecodable bytes read with surrogateescape) are no text.
+            text = _SURROGATE.sub("\ufffd", text)
         for frag in self._partition(text, parse_special):
             if frag.token >= 0:
                 out.append(frag.token)
@@ -396,6 +397,17 @@ class Tokenizer:
         if self._add_bos and self._bos_id is not None and (not out or out[0] != self._bos_id):
             out.insert(0, self._bos_id)
         return out
+
+    def words(self, text: str) -> list[str]:
+        """The pieces plain text is split into before BPE (the pre-tokenizer; a debugging aid).
+
+        Byte-level vocabularies split with llama.cpp's regexes for their pre type;
+        SentencePiece vocabularies do not split, so the whole text comes back.
+        """
+        pre = self._hf.pre_tokenizer
+        if pre is None:
+            return [text] if text else []
+        return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
 
     def _partition(self, text: str, parse_special: bool) -> list[_Fragment]:
         """Split text around special tokens the way llama.cpp's tokenizer_st_partition does."""
@@ -618,8 +630,10 @@ def _sentencepiece_bpe(
 
     llm_tokenizer_spm merges, at every step, the adjacent pair whose concatenation is the
     vocabulary piece with the highest score. Listing every split (left, right) of every piece as
-    a merge, ranked by that piece's score (ties: lower id first), makes the BPE pick the same
-    pair at every step.
+    a merge, ranked by that piece's score, makes the BPE pick the same pair at every step.
+    Where two different pieces have exactly the same score, llama.cpp takes the leftmost pair and
+    this BPE the lower id; SentencePiece models give their pieces distinct scores, so that case
+    does not arise in practice (the tests compare with SentencePiece itself).
     """
     vocab = _vocab_dict(tokens)
     order = sorted(range(len(tokens)), key=lambda i: (-float(scores[i]), i))

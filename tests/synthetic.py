@@ -29,7 +29,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 __all__ = [
     "ARCHS",
     "K_QUANT_TYPES",
+    "PHI3_CHAT_TEMPLATE",
     "TENSOR_TYPES",
+    "ggml_type",
     "quantize_tensor",
     "synthetic_gguf",
     "write_synthetic_gguf",
@@ -159,9 +161,7 @@ def _add_bpe_vocab(w: GGUFWriter, arch: str) -> int:
     specials = list(_CHATML_SPECIALS)
     # SmolLM2 puts its specials first, Qwen2.5 last; keep both layouts covered.
     all_tokens = specials + normal if arch == "llama" else normal + specials
-    types = [
-        TokenType.CONTROL if t in _CHATML_SPECIALS else TokenType.NORMAL for t in all_tokens
-    ]
+    types = [TokenType.CONTROL if t in _CHATML_SPECIALS else TokenType.NORMAL for t in all_tokens]
     ids = {t: i for i, t in enumerate(all_tokens)}
     pre = {"llama": "smollm", "qwen2": "qwen2"}.get(arch, "llama-bpe")
     w.add_tokenizer_model("gpt2")
@@ -263,7 +263,7 @@ def _quantize_q6_k(rows: np.ndarray) -> np.ndarray:
     low = (q & 0x0F).reshape(n, 2, 2, 64)
     ql = (low[:, :, 0, :] | (low[:, :, 1, :] << 4)).reshape(n, 128)
     high = q >> 4
-    qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6))
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
     qh = qh.reshape(n, 64)
     return np.concatenate(
         [ql, qh, sc.view(np.uint8), d.astype(np.float16).view(np.uint8).reshape(n, 2)], axis=-1
@@ -329,9 +329,7 @@ def write_synthetic_gguf(
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; use one of {ARCHS}")
     defaults = _ARCH_DEFAULTS[arch]
-    types = (
-        {tensor_type} if isinstance(tensor_type, str) else set(tensor_type.values())
-    )
+    types = {tensor_type} if isinstance(tensor_type, str) else set(tensor_type.values())
     uses_k = any(t.lower() in K_QUANT_TYPES for t in types)
     d_model = d_model or (256 if uses_k else 64)
     ffn_dim = ffn_dim or 2 * d_model

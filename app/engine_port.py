@@ -1,0 +1,29 @@
+"""How the app obtains an engine without knowing how engines are built.
+
+The CLI owns model pulling and loading; the TUI only needs "give me a ChatEngine for this
+model/draft/device, and tell me how far you are". Passing that in as a callable keeps the TUI
+testable with a scripted engine and keeps Textual out of the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from npuchat.engine.events import ChatEngine
+
+ProgressCallback = Callable[[str, float], None]
+"""(stage text, fraction 0..1); called from the loader's thread, possibly often."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to load. `draft` follows the CLI: "" = catalog default, "none", "lookup", a name."""
+
+    model: str
+    draft: str
+    device: str
+
+
+EngineLoader = Callable[[EngineSpec, ProgressCallback], ChatEngine]
+"""Pulls the model if needed and loads it. Raises NpuchatError for anything the user can fix."""

@@ -1,0 +1,191 @@
+"""`npuchat run`: one-shot generation streamed to stdout, like `ollama run` and `llama-cli -p`.
+
+With `--json` every token is a JSON line (`{"id", "text"}`) and the last line holds the metrics;
+this is the form scripts and our own checks read. `--conversation ID` continues a conversation
+saved in the app's database (and saves the new turn), so multi-turn reuse is scriptable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.events import (
+    Cancelled,
+    ChatMessage,
+    ChatRequest,
+    Event,
+    Failed,
+    Finished,
+    Metrics,
+    Notice,
+    SamplingParams,
+    TokenDelta,
+)
+
+from .context import AppContext
+from .engine_factory import open_engine
+from .engine_port import EngineSpec
+from .progress import RichPullProgress
+
+METRIC_FIELDS = (
+    "ttft_s",
+    "prefill_tokens",
+    "prefill_tps",
+    "reused_tokens",
+    "decode_tokens",
+    "decode_tps",
+    "kv_used",
+    "kv_capacity",
+)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="run_model", help="model name (default: from settings)")
+    p.add_argument("--prompt", "-p", help="the prompt (default: read standard input)")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--system-file", type=Path, help="read the system prompt from a file")
+    p.add_argument("--raw", action="store_true", help="no chat template; special tokens parsed")
+    p.add_argument("--max-tokens", "-n", type=int, default=512)
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")
+    p.add_argument("--verbose", "-v", action="store_true", help="print metrics to stderr")
+    p.add_argument("--conversation", help="continue a saved conversation (ID, or 'new')")
+    p.add_argument("--draft", dest="run_draft", default="", help="draft model: none (default)")
+    p.add_argument("--device", dest="run_device", choices=["npu", "cpu", "auto"])
+
+
+def metrics_dict(m: Metrics) -> dict[str, object]:
+    data = asdict(m)
+    return {k: data[k] for k in METRIC_FIELDS} | {
+        "kv_max_capacity": m.kv_max_capacity,
+        "model": m.model,
+        "device": m.device,
+    }
+
+
+def _system_prompt(args: argparse.Namespace, ctx: AppContext) -> str:
+    if args.system_file is not None:
+        try:
+            return args.system_file.read_text()
+        except OSError as exc:
+            raise NpuchatError(f"cannot read --system-file {args.system_file}: {exc}") from exc
+    return args.system if args.system is not None else ctx.settings.system_prompt
+
+
+def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        raise NpuchatError("the prompt is empty: pass --prompt TEXT or pipe text on stdin")
+    if args.max_tokens < 1:
+        raise NpuchatError("--max-tokens must be at least 1")
+    sampling = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+    )
+    model = args.run_model or ctx.settings.model
+    device = args.run_device or ctx.settings.device
+    store = conversation = None
+    history: list[ChatMessage] = []
+    if args.conversation:
+        from .store import ConversationStore
+
+        store = ConversationStore.open(ctx.paths.database_file)
+        if args.conversation == "new":
+            conversation = store.create_conversation()
+            print(f"conversation {conversation.id}", file=sys.stderr)
+        else:
+            conversation = store.get_conversation(args.conversation)
+            history = [
+                ChatMessage(m.role, m.content)
+                for m in store.messages(conversation.id)
+                if m.role in ("user", "assistant") and m.status != "error"
+            ]
+    engine = open_engine(
+        ctx,
+        EngineSpec(model, args.run_draft, device),
+        pull_progress=RichPullProgress(Console(stderr=True)),
+    )
+    system = _system_prompt(args, ctx)
+    messages = (*history, ChatMessage("user", prompt))
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        if args.raw:
+            ids = engine.tokenizer.encode(
+                prompt, parse_special=True, add_bos=engine.tokenizer.add_bos
+            )
+            events = engine.complete(ids, sampling, cancel)
+        else:
+            events = engine.generate(
+                ChatRequest(conversation.id if conversation else "run", system, messages, sampling),
+                cancel,
+            )
+        reply, final = _stream(events, args.json)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        engine.close()
+    if store is not None and conversation is not None and final is not None:
+        store.add_message(conversation.id, "user", prompt)
+        status = "complete" if isinstance(final, Finished) else "stopped"
+        store.add_message(conversation.id, "assistant", reply, status, final.metrics)
+        store.close()
+    if args.verbose and final is not None and not args.json:
+        m = final.metrics
+        print(
+            f"\nttft {m.ttft_s:.3f} s · prefill {m.prefill_tokens} tok @ {m.prefill_tps:.1f} tok/s"
+            f" (reused {m.reused_tokens}) · decode {m.decode_tokens} tok @ {m.decode_tps:.1f}"
+            f" tok/s · kv {m.kv_used}/{m.kv_capacity}",
+            file=sys.stderr,
+        )
+    return 130 if isinstance(final, Cancelled) else 0
+
+
+def _stream(events: Iterable[Event], as_json: bool) -> tuple[str, Finished | Cancelled | None]:
+    reply: list[str] = []
+    final: Finished | Cancelled | None = None
+    out = sys.stdout
+    for ev in events:
+        if isinstance(ev, TokenDelta):
+            reply.append(ev.text)
+            if as_json:
+                for i, tid in enumerate(ev.ids):
+                    text = ev.text if i == len(ev.ids) - 1 else ""
+                    out.write(json.dumps({"id": tid, "text": text}) + "\n")
+            else:
+                out.write(ev.text)
+            out.flush()
+        elif isinstance(ev, Notice):
+            print(f"npuchat: {ev.text}", file=sys.stderr)
+        elif isinstance(ev, Failed):
+            raise NpuchatError(ev.message)
+        elif isinstance(ev, (Finished, Cancelled)):
+            final = ev
+    if final is not None:
+        if as_json:
+            stop = final.stop_reason if isinstance(final, Finished) else "cancelled"
+            out.write(json.dumps({"metrics": metrics_dict(final.metrics), "stop": stop}) + "\n")
+        elif reply and not "".join(reply).endswith("\n"):
+            out.write("\n")
+    return "".join(reply), final

@@ -1,0 +1,172 @@
+"""The npuchat Textual App: themes, keymap, the engine it holds, and the first screen.
+
+Everything the app needs comes in through the constructor (settings, store, engine loader,
+clock), so tests build it with a scripted engine and a temporary database, and nothing happens
+at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from textual.app import App
+
+from npuchat.app.engine_port import EngineLoader, EngineSpec
+from npuchat.app.settings import Settings, load_settings, save_settings
+from npuchat.app.store import ConversationSettings, ConversationStore
+from npuchat.app.tui.chat_screen import ChatScreen
+from npuchat.app.tui.help_screen import HelpScreen
+from npuchat.app.tui.keys import bindings, unknown_keymap_ids
+from npuchat.app.tui.loading_screen import LoadingScreen
+from npuchat.app.tui.messages import EngineLoaded
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.events import ChatEngine
+from npuchat.themes import (
+    THEME_VARIABLE_DEFAULTS,
+    builtin_themes,
+    resolve_references,
+    user_themes,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_THEME = "npuchat-dark"
+
+
+class NpuchatApp(App[None]):
+    CSS_PATH = "npuchat.tcss"
+    TITLE = "npuchat"
+    BINDINGS = bindings("help", "command_palette", "quit")
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ConversationStore,
+        loader: EngineLoader,
+        *,
+        config_path: Path | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.store = store
+        self.loader = loader
+        self.config_path = config_path
+        self._clock = clock or (lambda: datetime.now(UTC).astimezone())
+        self.engine: ChatEngine | None = None
+        self.engine_spec: EngineSpec | None = None
+        self._startup_problems: list[str] = []
+        self._register_themes()
+        self.set_keymap(settings.keymap)
+        unknown = unknown_keymap_ids(settings.keymap)
+        if unknown:
+            self._startup_problems.append(
+                f"[keymap] has unknown ids: {', '.join(unknown)} (see F1 for the ids)"
+            )
+
+    # ---- set-up ----------------------------------------------------------------------------
+
+    def _register_themes(self) -> None:
+        for theme in builtin_themes():
+            self.register_theme(theme)
+        if self.config_path is not None:
+            themes, problems = user_themes(self.config_path.parent / "themes")
+            for theme in themes:
+                self.register_theme(theme)
+            self._startup_problems.extend(problems)
+        wanted = self.settings.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            self._startup_problems.append(
+                f"theme {wanted!r} not found; using {DEFAULT_THEME}"
+                " (themes live in <config dir>/themes/*.toml)"
+            )
+            self.theme = DEFAULT_THEME
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return dict(THEME_VARIABLE_DEFAULTS)
+
+    def get_css_variables(self) -> dict[str, str]:
+        return resolve_references(super().get_css_variables())
+
+    def on_mount(self) -> None:
+        spec = EngineSpec(self.settings.model, self.settings.draft, self.settings.device)
+        self.push_screen(LoadingScreen(self.loader, spec))
+        for problem in self._startup_problems:
+            self.notify(problem, severity="warning", timeout=8)
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    # ---- engine ----------------------------------------------------------------------------
+
+    def on_engine_loaded(self, message: EngineLoaded) -> None:
+        """The first load finished: show the chat."""
+        self.set_engine(message.spec, message.engine)
+        self.switch_screen(ChatScreen())
+
+    def set_engine(self, spec: EngineSpec, engine: ChatEngine) -> None:
+        """Hold `engine`; the one it replaces (a conversation with another model) is closed.
+        Only called between replies, so no worker is using the old one."""
+        old, self.engine, self.engine_spec = self.engine, engine, spec
+        if old is not None and old is not engine:
+            close_engine(old)
+
+    def default_conversation_settings(self) -> ConversationSettings:
+        return ConversationSettings(system_prompt=self.settings.system_prompt)
+
+    def now(self) -> datetime:
+        return self._clock()
+
+    # ---- settings persistence --------------------------------------------------------------
+
+    def _theme_changed(self, theme: Any) -> None:
+        self.persist_setting("theme", theme.name)
+
+    def persist_setting(self, name: str, value: object) -> None:
+        """Save one setting to config.toml, re-reading the file first so that values the CLI
+        overrode for this run (--model, --device) are not written back."""
+        setattr(self.settings, name, value)
+        if self.config_path is None:
+            return
+        try:
+            on_disk = load_settings(self.config_path)
+            setattr(on_disk, name, value)
+            save_settings(self.config_path, on_disk)
+        except NpuchatError as exc:
+            self.notify(f"could not save {name}: {exc}", severity="warning")
+        except OSError as exc:
+            self.notify(f"could not save {name}: {exc.strerror}", severity="warning")
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.settings.keymap))
+
+
+def run_app(
+    settings: Settings,
+    store: ConversationStore,
+    loader: EngineLoader,
+    *,
+    config_path: Path | None = None,
+) -> None:
+    """Run the TUI until the user quits. The caller owns (and closes) the store; the engine the
+    app loaded is closed here, after run() has joined the worker threads."""
+    app = NpuchatApp(settings, store, loader, config_path=config_path)
+    try:
+        app.run()
+    finally:
+        if app.engine is not None:
+            close_engine(app.engine)
+
+
+def close_engine(engine: ChatEngine) -> None:
+    """Release an engine's memory if it offers `close()` (the ChatEngine protocol has none)."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,141 @@
+"""Per-conversation settings: system prompt, model, draft and sampling parameters.
+
+Values are checked here with messages that say what is allowed; the screen only dismisses with
+settings that the engine will accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, TextArea
+
+from npuchat.app.store import ConversationSettings
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    label: str
+    kind: str  # "text" | "float" | "int" | "seed"
+    low: float | None = None
+    high: float | None = None
+    hint: str = ""
+
+
+_FIELDS: tuple[_Field, ...] = (
+    _Field("model", "Model", "text", hint="empty: the default model"),
+    _Field("draft", "Draft", "text", hint="empty: catalog default · none · lookup · a name"),
+    _Field("temperature", "Temperature", "float", 0.0, 5.0, "0 = greedy"),
+    _Field("top_p", "Top-p", "float", 0.0, 1.0),
+    _Field("top_k", "Top-k", "int", 0, 100_000, "0 = off"),
+    _Field("max_tokens", "Max tokens", "int", 1, 1_000_000),
+    _Field("seed", "Seed", "seed", hint="empty: random"),
+)
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def parse_field(spec: _Field, raw: str) -> object:
+    """Turn one input's text into its value or raise SettingsError saying what is allowed."""
+    text = raw.strip()
+    if spec.kind == "text":
+        return text
+    if spec.kind == "seed":
+        if not text:
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise SettingsError(f"{spec.label}: a whole number, or empty for random") from None
+    try:
+        value: float = int(text) if spec.kind == "int" else float(text)
+    except ValueError:
+        kind = "a whole number" if spec.kind == "int" else "a number"
+        raise SettingsError(
+            f"{spec.label}: {kind} between {spec.low:g} and {spec.high:g}"
+        ) from None
+    if (spec.low is not None and value < spec.low) or (spec.high is not None and value > spec.high):
+        raise SettingsError(f"{spec.label}: must be between {spec.low:g} and {spec.high:g}")
+    if spec.name == "top_p" and value == 0:
+        raise SettingsError("Top-p: must be above 0 (1 = off)")
+    return value
+
+
+class SettingsScreen(ModalScreen[ConversationSettings | None]):
+    """Edit one conversation's settings; dismisses with the new settings or None."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "cancel", "Cancel", id="settings_cancel"),
+        Binding("ctrl+s", "save", "Save", id="settings_save", priority=True),
+    ]
+
+    def __init__(
+        self, settings: ConversationSettings, title: str, defaults: dict[str, str] | None = None
+    ) -> None:
+        """`defaults` fills the placeholder of empty text fields (what empty means now)."""
+        super().__init__(classes="dialog")
+        self.settings = settings
+        self.title_text = title
+        self.defaults = defaults or {}
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog-body", id="settings-body"):
+            yield Label(f"Settings · {self.title_text}", classes="question", markup=False)
+            with VerticalScroll(id="settings-scroll"):
+                yield Label("System prompt", classes="field-label")
+                yield TextArea(self.settings.system_prompt, id="system_prompt", soft_wrap=True)
+                with Grid(id="settings-grid"):
+                    for spec in _FIELDS:
+                        value = getattr(self.settings, spec.name)
+                        yield Label(spec.label, classes="field-label")
+                        yield Input(
+                            "" if value is None else str(value),
+                            id=spec.name,
+                            placeholder=self.defaults.get(spec.name, spec.hint),
+                        )
+            yield Label("", id="settings-error", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Cancel", id="cancel")
+                yield Button("Save", id="save", variant="primary")
+
+    def on_mount(self) -> None:
+        blink = self.app.settings.cursor_blink  # type: ignore[attr-defined]
+        for widget in self.query(Input):
+            widget.cursor_blink = blink
+        area = self.query_one("#system_prompt", TextArea)
+        area.cursor_blink = blink
+        area.focus()
+        self.query_one("#settings-error").display = False
+
+    def collect(self) -> ConversationSettings:
+        values: dict[str, object] = {
+            "system_prompt": self.query_one("#system_prompt", TextArea).text
+        }
+        for spec in _FIELDS:
+            values[spec.name] = parse_field(spec, self.query_one(f"#{spec.name}", Input).value)
+        return ConversationSettings(**values)  # type: ignore[arg-type]
+
+    @on(Button.Pressed, "#save")
+    @on(Input.Submitted)
+    def action_save(self) -> None:
+        try:
+            settings = self.collect()
+        except SettingsError as exc:
+            error = self.query_one("#settings-error", Label)
+            error.update(str(exc))
+            error.display = True
+            return
+        self.dismiss(settings)
+
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,95 @@
+"""The conversation sidebar: a search box over a list of conversations.
+
+It only displays what it is given and reports what the user did (messages); the chat screen
+owns the store and decides what to list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Input, Label, ListItem, ListView
+
+from npuchat.app.store import Conversation
+from npuchat.app.tui.formatting import when
+from npuchat.app.tui.keys import bindings
+
+
+class ConversationItem(ListItem):
+    def __init__(self, conversation: Conversation, now: datetime) -> None:
+        super().__init__(
+            Label(conversation.title or "New chat", classes="title", markup=False),
+            Label(when(conversation.updated_at, now), classes="when"),
+        )
+        self.conversation = conversation
+
+
+class ConversationList(ListView):
+    BINDINGS = bindings("list_delete")
+
+    class DeleteRequested(Message):
+        def __init__(self, conversation: Conversation) -> None:
+            super().__init__()
+            self.conversation = conversation
+
+    def on_focus(self) -> None:
+        # Entering the list highlights something, so Enter always opens a conversation.
+        if self.index is None and self.children:
+            self.index = 0
+
+    def action_delete(self) -> None:
+        item = self.highlighted_child
+        if isinstance(item, ConversationItem):
+            self.post_message(self.DeleteRequested(item.conversation))
+
+
+class Sidebar(Vertical):
+    class Selected(Message):
+        def __init__(self, conversation: Conversation) -> None:
+            super().__init__()
+            self.conversation = conversation
+
+    class SearchChanged(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="Search chats", id="search")
+        yield ConversationList(id="conversations")
+
+    @property
+    def search_text(self) -> str:
+        return self.query_one("#search", Input).value
+
+    async def show(
+        self, conversations: Sequence[Conversation], selected_id: str | None, now: datetime
+    ) -> None:
+        """Replace the list; keep the current conversation highlighted without re-selecting."""
+        view = self.query_one(ConversationList)
+        with self.prevent(ListView.Highlighted, ListView.Selected):
+            await view.clear()
+            await view.extend(ConversationItem(c, now) for c in conversations)
+            index = next((i for i, c in enumerate(conversations) if c.id == selected_id), None)
+            view.index = index
+
+    @on(Input.Changed, "#search")
+    def _search_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.post_message(self.SearchChanged(event.value))
+
+    @on(Input.Submitted, "#search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.query_one(ConversationList).focus()
+
+    @on(ListView.Selected, "#conversations")
+    def _selected(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, ConversationItem):
+            self.post_message(self.Selected(event.item.conversation))

@@ -1,0 +1,259 @@
+"""Engine speed on real GGUF files: load cold vs cached, prefill, decode, peak RSS (issue 3).
+
+    python benchmarks/engine_speed.py MODEL [MODEL ...] [--threads 2] [--llama-bench PATH]
+
+MODEL is a GGUF path or the name of an installed model (`<models_dir>/<name>.gguf`). Every
+phase runs in a fresh subprocess so that load times are real and the peak RSS (VmHWM) belongs to
+that phase alone: `cold` builds the graphs into an empty cache, `run` loads them from the cache
+and measures prefill of a 512-token prompt, decode at context 128 and at 1024, and the Python
+overhead per decode step (wall time of `Model.decode` minus ONNX Runtime's run). With
+`--profile` it also prints ONNX Runtime's per-op-type time for one decode step. With
+`--llama-bench` it runs llama.cpp's `llama-bench -p 512 -n 128` on the same file and thread count
+and prints the ratios side by side.
+
+A script that prints figures, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DECODE_TOKENS = 32
+
+
+def _status_mib(key: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _resolve(model: str) -> Path:
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path.resolve()
+    from npuchat.engine.paths import Paths
+
+    candidate = Paths.from_env().models_dir / f"{model}.gguf"
+    if candidate.is_file():
+        return candidate
+    sys.exit(f"no GGUF at {model} and no installed model of that name ({candidate})")
+
+
+def _tokens(vocab: int, n: int, seed: int) -> list[int]:
+    # Ordinary-looking ids away from the special tokens at either end of the vocabulary.
+    return [int(t) for t in np.random.default_rng(seed).integers(256, min(vocab, 30000), n)]
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One phase in this process; returns its figures."""
+    from npuchat.engine.model import Model
+
+    t0 = time.perf_counter()
+    caps = [256, 1024, 2048] if args.phase == "run" else None
+    model = Model.load(
+        args.model, cache_dir=Path(args.cache_dir), threads=args.threads, capacities=caps
+    )
+    load_s = time.perf_counter() - t0
+    out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds}
+    if args.phase == "cold":
+        out["peak_rss_mib"] = _status_mib("VmHWM")
+        return out
+    vocab = model.config.vocab_size
+
+    prompt = _tokens(vocab, 512, 1)
+    model.prefill(prompt[:16])  # warm-up (first-run allocations), then from an empty cache
+    model.rollback(0)
+    t = time.perf_counter()
+    model.prefill(prompt)
+    out["prefill512_tps"] = 512 / (time.perf_counter() - t)
+
+    session = model._session  # measure ONNX Runtime's share of a decode step
+    assert session is not None
+    run_time = [0.0]
+    real_run = session.run_with_iobinding
+
+    def timed_run(*a: Any, **kw: Any) -> Any:
+        s = time.perf_counter()
+        try:
+            return real_run(*a, **kw)
+        finally:
+            run_time[0] += time.perf_counter() - s
+
+    session.run_with_iobinding = timed_run  # type: ignore[method-assign]
+    for ctx in (128, 1024):
+        if model.n_past < ctx:
+            model.prefill(_tokens(vocab, ctx - model.n_past, 2))
+        model.rollback(ctx)
+        model.decode(prompt[0])  # warm-up at this capacity
+        model.rollback(ctx)
+        run_time[0] = 0.0
+        t = time.perf_counter()
+        token = prompt[0]
+        for _ in range(DECODE_TOKENS):
+            token = int(model.decode(token).argmax())
+        wall = time.perf_counter() - t
+        out[f"decode{ctx}_tps"] = DECODE_TOKENS / wall
+        out[f"decode{ctx}_python_ms"] = (wall - run_time[0]) / DECODE_TOKENS * 1e3
+        out[f"decode{ctx}_capacity"] = model.capacity
+    out["kv_bytes"] = model.kv_bytes
+    out["peak_rss_mib"] = _status_mib("VmHWM")
+    out["rss_mib"] = _status_mib("VmRSS")
+    if args.profile:
+        out["profile"] = _profile(model, args.threads)
+    model.close()
+    return out
+
+
+def _profile(model: Any, threads: int | None) -> dict[str, float]:
+    """Per-op-type milliseconds of one decode step at context 128 (median of 10 runs)."""
+    import onnxruntime as ort
+
+    from npuchat.engine.runtime import session_options_for
+
+    so = session_options_for("cpu", threads)
+    so.enable_profiling = True
+    so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    sess = ort.InferenceSession(str(model.graph_dir / "decoder.onnx"), so)
+    feeds = {}
+    dims = {"S": 1, "C": 256, "CS": 257, "R": 1}
+    for i in sess.get_inputs():
+        shape = [dims.get(d, d) if isinstance(d, str) else d for d in i.shape]
+        feeds[i.name] = np.zeros(shape, np.int64 if "int64" in i.type else np.float32)
+    for _ in range(10):
+        sess.run(None, feeds)
+    per_node: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for e in json.loads(Path(sess.end_profiling()).read_text()):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_node[(e["args"]["op_name"], e["name"])].append(e["dur"] / 1e3)
+    by_op: dict[str, float] = defaultdict(float)
+    for (op, _), durs in per_node.items():
+        by_op[op] += float(np.median(durs))
+    return dict(sorted(by_op.items(), key=lambda kv: -kv[1]))
+
+
+def _phase(model: Path, phase: str, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        str(model),
+        "--worker",
+        phase,
+        "--cache-dir",
+        str(cache),
+    ]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.profile:
+        cmd.append("--profile")
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        sys.exit(f"{phase} phase failed for {model}:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _llama_bench(binary: str, model: Path, threads: int) -> dict[str, float]:
+    res = subprocess.run(
+        [binary, "-m", str(model), "-t", str(threads), "-p", "512", "-n", "128", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode:
+        print(f"llama-bench failed: {res.stderr[-500:]}", file=sys.stderr)
+        return {}
+    out = {}
+    for row in json.loads(res.stdout):
+        if row.get("n_prompt") == 512 and not row.get("n_gen"):
+            out["pp512"] = float(row["avg_ts"])
+        if row.get("n_gen") == 128 and not row.get("n_prompt"):
+            out["tg128"] = float(row["avg_ts"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-bench", metavar="PATH")
+    ap.add_argument("--profile", action="store_true", help="per-op time of one decode step")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per model")
+    ap.add_argument("--worker", choices=["cold", "run"], help=argparse.SUPPRESS)
+    ap.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        args.phase = args.worker
+        args.model = args.models[0]
+        print(json.dumps(worker(args)))
+        return
+    print(
+        f"threads={args.threads}  load average={os.getloadavg()[0]:.2f}  "
+        f"onnxruntime={__import__('onnxruntime').__version__}"
+    )
+    for name in args.models:
+        path = _resolve(name)
+        with tempfile.TemporaryDirectory() as cache:
+            cold = _phase(path, "cold", Path(cache), args)
+            run = _phase(path, "run", Path(cache), args)
+        size_mib = path.stat().st_size / 2**20
+        target = 1.3 * size_mib + run["kv_bytes"] / 2**20
+        row = {
+            "model": path.name,
+            "gguf_mib": size_mib,
+            "cold": cold,
+            **run,
+            "rss_target_mib": target,
+        }
+        if args.llama_bench:
+            row["llama"] = _llama_bench(args.llama_bench, path, args.threads)
+        if args.json:
+            print(json.dumps(row))
+            continue
+        print(f"\n{path.name}  ({size_mib:.0f} MiB)")
+        print(
+            f"  load: cold {cold['load_s']:.1f} s (build, peak RSS {cold['peak_rss_mib']:.0f} "
+            f"MiB), cached {run['load_s']:.2f} s (built {run['built']})"
+        )
+        llama = row.get("llama", {})
+
+        def vs(value: float, key: str, llama: dict[str, float] = llama) -> str:
+            if key not in llama:
+                return ""
+            return f"  ({value / llama[key]:.2f}x llama.cpp {llama[key]:.1f})"
+
+        print(
+            f"  prefill 512 tokens: {run['prefill512_tps']:.1f} tok/s"
+            + vs(run["prefill512_tps"], "pp512")
+        )
+        for ctx in (128, 1024):
+            print(
+                f"  decode @ {ctx}: {run[f'decode{ctx}_tps']:.1f} tok/s "
+                f"(capacity {run[f'decode{ctx}_capacity']}, Python "
+                f"{run[f'decode{ctx}_python_ms']:.2f} ms/step)"
+                + (vs(run[f"decode{ctx}_tps"], "tg128") if ctx == 128 else "")
+            )
+        print(
+            f"  peak RSS {run['peak_rss_mib']:.0f} MiB (steady {run['rss_mib']:.0f}); target "
+            f"1.3 x GGUF + KV = {target:.0f} MiB"
+        )
+        if "profile" in run:
+            total = sum(run["profile"].values())
+            print(f"  one decode step by op type (ms, sum {total:.1f}):")
+            for op, ms in list(run["profile"].items())[:10]:
+                print(f"    {op:34s} {ms:7.2f}  {100 * ms / total:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Chat prompts rendered with the model's own template.
+
+A GGUF carries the Jinja template its authors wrote (`tokenizer.chat_template`); rendering that
+template, rather than a format guessed per family, is what makes the prompt the model was trained
+on. It runs the way Hugging Face's `apply_chat_template` runs it (trim_blocks, lstrip_blocks,
+`raise_exception`, `tojson`, `strftime_now`, loop controls, `{% generation %}`), inside jinja2's
+immutable sandbox so a template from a downloaded file cannot reach Python internals or mutate
+our data.
+
+A template that is missing, does not parse or fails to render falls back to the known format of
+the architecture (ChatML, or Phi-3's `<|user|>` … `<|end|>`) and says so in `warning`, which the
+caller shows: the chat still works, and the user knows the prompt format is a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+if TYPE_CHECKING:
+    from .gguf_reader import GGUFFile
+
+Message = Mapping[str, Any]
+
+_PROBE_USER = "npuchat-probe-user-4b1d"
+_PROBE_REPLY = "npuchat-probe-reply-9e2c"
+# A tag-like special token right after the assistant's text: <|im_end|>, <|end|>, </s>, ...
+_END_MARKER = re.compile(r"\s*(<[^\s<>]{1,40}>)")
+
+
+class TemplateError(Exception):
+    """Raised by a template's own `raise_exception(...)` call."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Hugging Face's tojson: plain json.dumps, not jinja2's HTML-escaping one.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`, which HF templates use to mark the assistant's
+    tokens for training masks; for rendering it is a plain pass-through block."""
+
+    tags = {"generation"}  # noqa: RUF012  (jinja2's Extension API declares it this way)
+
+    def parse(self, parser: Any) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _chatml(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def _phi3(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    parts = [f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages]
+    if add_generation_prompt:
+        parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+# Known formats per architecture: (name, renderer, assistant end marker).
+_FALLBACKS: dict[str, tuple[str, Callable[[Sequence[Message], bool], str], str]] = {
+    "phi3": ("Phi-3", _phi3, "<|end|>"),
+    "llama": ("ChatML", _chatml, "<|im_end|>"),
+    "qwen2": ("ChatML", _chatml, "<|im_end|>"),
+}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+class ChatTemplate:
+    """Renders a conversation into the prompt text the model expects.
+
+    `render()` returns the text; tokenize it with `Tokenizer.encode_prompt` (special tokens
+    parsed). `warning` is None while the model's own template is in use, and a one-line message
+    whenever the fallback format had to be used. `end_marker` is the text that closes an
+    assistant turn (e.g. "<|im_end|>"), where it can be inferred; generation stops there.
+    """
+
+    def __init__(
+        self,
+        source: str | None,
+        *,
+        arch: str,
+        bos_token: str = "",
+        eos_token: str = "",
+    ) -> None:
+        self.source = source
+        self.arch = arch
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.warning: str | None = None
+        name, fallback, marker = _FALLBACKS.get(arch, _FALLBACKS["qwen2"])
+        self.fallback_name = name
+        self._fallback = fallback
+        self._fallback_marker = marker
+        self._template: jinja2.Template | None = None
+        if not source:
+            self.warning = f"the model has no chat template; using the {name} format"
+        else:
+            try:
+                self._template = _environment().from_string(source)
+            except jinja2.TemplateError as exc:
+                self.warning = (
+                    f"the model's chat template does not parse ({_one_line(exc)}); "
+                    f"using the {name} format"
+                )
+        self.end_marker = self._infer_end_marker()
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], arch: str | None = None) -> ChatTemplate:
+        """The template of a GGUF's metadata; `arch` picks the fallback (default: the file's)."""
+        arch = arch or str(metadata.get("general.architecture", ""))
+        tokens = metadata.get("tokenizer.ggml.tokens") or []
+
+        def token(key: str) -> str:
+            value = metadata.get(key)
+            if value is None or not 0 <= int(value) < len(tokens):
+                return ""
+            return str(tokens[int(value)])
+
+        source = metadata.get("tokenizer.chat_template")
+        return cls(
+            str(source) if source else None,
+            arch=arch,
+            bos_token=token("tokenizer.ggml.bos_token_id"),
+            eos_token=token("tokenizer.ggml.eos_token_id"),
+        )
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> ChatTemplate:
+        return cls.from_metadata(g.metadata, g.architecture)
+
+    @property
+    def uses_model_template(self) -> bool:
+        """Whether the last render (or, before any, the parse) used the model's own template."""
+        return self._template is not None and self.warning is None
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        """The prompt text for `messages` (dicts with "role" and "content")."""
+        if self._template is not None:
+            try:
+                text = self._render_template(messages, add_generation_prompt)
+            except Exception as exc:  # any failure of foreign template code means: fall back
+                self.warning = (
+                    f"the model's chat template failed ({_one_line(exc)}); "
+                    f"using the {self.fallback_name} format"
+                )
+            else:
+                self.warning = None
+                return text
+        return self._fallback(messages, add_generation_prompt)
+
+    def _render_template(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        assert self._template is not None
+        return self._template.render(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            tools=None,
+            documents=None,
+        )
+
+    def _infer_end_marker(self) -> str | None:
+        """The special token the template writes right after an assistant message."""
+        if self._template is None:
+            return self._fallback_marker
+        probe = [
+            {"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": _PROBE_REPLY},
+        ]
+        try:
+            text = self._render_template(probe, False)
+        except Exception:  # a template that cannot render the probe: no inference
+            return None
+        at = text.find(_PROBE_REPLY)
+        if at < 0:
+            return None
+        match = _END_MARKER.match(text, at + len(_PROBE_REPLY))
+        return match.group(1) if match else None

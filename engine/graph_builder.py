@@ -1,0 +1,513 @@
+"""GGUF → ONNX graphs of the whole decoder: one step of S new tokens over a static KV cache.
+
+One graph computes S new positions against C cached ones. Inputs (all float32 unless noted):
+
+* `embeddings` `[1, S, D]` — rows of the token embedding, looked up on the host (the table stays
+  quantized in the GGUF mapping; only the rows used are ever decoded);
+* `mask` `[1, 1, S, C+S]` — additive: 0 = attend, `MASK_NEG` = ignore; columns are the C cached
+  slots followed by the S new rows (causal among themselves);
+* `cos`, `sin` `[1, S, dh/2]` — rotary tables for the S positions, computed on the host;
+* `logit_rows` int64 `[R]` — which of the S rows get logits (prefill: the last; verify: all);
+* `past_k_i`, `past_v_i` `[1, Hkv, C, dh]` — the cache, read only.
+
+Outputs: `logits` `[R, vocab]` and `new_k_i`, `new_v_i` `[1, Hkv, S, dh]` — only the new
+rows; the host writes them into the cache (DESIGN §3). Attention is decomposed into MatMul →
+Add(mask) → Softmax → MatMul with Q reshaped to `[1, Hkv, G·S, dh]` and the mask tiled by G
+(DESIGN §5: fastest on HTP; no GroupQueryAttention and no com.microsoft RotaryEmbedding, which
+the NPU rejects; rotary is ONNX's own opset-23 `RotaryEmbedding`, which it accepts). Scores
+against the cache and against the new rows are computed separately and concatenated, so the
+cache itself is never concatenated (copied) inside the graph.
+
+Every op costs ~2–5 µs of dispatch on this CPU whatever its size, and SmolLM2 runs 30 layers per
+token in a ~8 ms budget, so the graph is built for few ops: Q/K/V and gate/up are one fused
+matmul each, biases ride in `MatMulNBits`' bias input, attention's 1/√dh is folded into the Q
+weights, and on the CPU residual adds fuse into `SkipSimplifiedLayerNormalization`
+(`GraphSpec.fused_norms`; the NPU rejects that op and gets Add + norm).
+
+S and C may be fixed (static graphs, what an NPU compiles) or left symbolic (`None`): on the CPU
+one symbolic graph serves prefill, decode and verify at every capacity from one session, so the
+weights are prepacked once (ONNX Runtime's Python API cannot share prepacked weights between
+sessions; three static sessions would hold three copies).
+
+All three architectures use NEOX rotary. llama.cpp applies "normal" (adjacent-pair) rotary to
+llama models, whose Q/K rows the GGUF converter permuted; permuting those rows back per head
+makes NEOX rotary on the result identical (attention scores are invariant to a common
+permutation of Q and K dims), so the graph has one rotary form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import UnsupportedModelError
+from .gguf_reader import GGUFFile, ModelConfig
+from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
+
+# Bump when the graphs or the weight layout change: it is part of the compile-cache key.
+BUILDER_VERSION = "6"
+OPSET = 23  # RotaryEmbedding
+MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
+WEIGHTS_FILE = "weights.bin"
+_ALIGN = 4096  # page-aligned external data lets ONNX Runtime map it instead of copying
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """The shape of one graph: new rows S, cache capacity C, logit rows R (`None` = symbolic)."""
+
+    seq_len: int | None
+    capacity: int | None
+    logit_rows: int | None
+    accuracy_level: int = 4
+    fused_norms: bool = True
+
+    def key(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def llama_rope_permutation(n_heads: int, head_dim: int) -> np.ndarray:
+    """Row order that turns llama.cpp's adjacent-pair rotary layout into the NEOX half layout."""
+    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(n_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
+
+
+def rope_tables(cfg: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side rotary tables `[len(positions), dh/2]` (cos, sin) for ONNX `RotaryEmbedding`."""
+    half = cfg.rope_dim // 2
+    inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
+    pos = positions.astype(np.float64)
+    if cfg.rope_scaling.type == "linear" and cfg.rope_scaling.factor:
+        pos = pos / cfg.rope_scaling.factor
+    ang = pos[:, None] * inv_freq[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def check_supported(cfg: ModelConfig) -> None:
+    """Refuse models whose math the graphs do not implement, rather than run them wrongly."""
+    if cfg.rope_dim != cfg.head_dim:
+        raise UnsupportedModelError(
+            f"{cfg.name}: partial rotary (rope dim {cfg.rope_dim} of head dim {cfg.head_dim}) "
+            "is not supported"
+        )
+    if cfg.rope_scaling.type not in ("none", "linear"):
+        raise UnsupportedModelError(
+            f"{cfg.name}: rope scaling {cfg.rope_scaling.type!r} is not supported"
+        )
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise UnsupportedModelError(f"{cfg.name}: heads do not divide into KV groups")
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class _WeightWriter:
+    """Streams initializers into one external-data file, page-aligned, as they are produced."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.tensors: dict[str, TensorProto] = {}
+
+    def add(self, name: str, arr: np.ndarray) -> str:
+        arr = np.ascontiguousarray(arr)
+        pos = self.file.tell()
+        pad = (-pos) % _ALIGN
+        if pad:
+            self.file.write(b"\0" * pad)
+            pos += pad
+        self.file.write(arr.tobytes())
+        t = TensorProto()
+        t.name = name
+        t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+        t.dims.extend(arr.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", pos), ("length", arr.nbytes)):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self.tensors[name] = t
+        return name
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class _Linear:
+    """A matmul's initializer names and shape (one fused group of output rows)."""
+
+    n: int
+    k: int
+    bits: int
+    b: str
+    scales: str = ""
+    mins_t: str = ""
+    bias: str = ""
+
+
+@dataclass
+class _Layer:
+    attn_norm: str
+    ffn_norm: str
+    qkv: list[_Linear]
+    out: list[_Linear]
+    gate_up: list[_Linear]
+    down: list[_Linear]
+
+
+@dataclass
+class _Weights:
+    layers: list[_Layer]
+    out_norm: str
+    lm_head: list[_Linear]
+    tensors: dict[str, TensorProto]
+
+
+def _store_linear(
+    w: _WeightWriter, name: str, mats: Sequence[QuantMatrix], bias: np.ndarray | None = None
+) -> list[_Linear]:
+    """Write matrices as fused groups of one kind each (output order is preserved)."""
+    groups: list[list[QuantMatrix]] = []
+    for m in mats:
+        if groups and groups[-1][0].kind == m.kind:
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    out = []
+    row = 0
+    for gi, group in enumerate(groups):
+        m = concat_rows(group) if len(group) > 1 else group[0]
+        base = f"{name}.{gi}"
+        if m.bits == 0:
+            assert m.dense is not None
+            lin = _Linear(m.n, m.k, 0, w.add(base + ".w", m.dense.T))
+        else:
+            nb = pack_nbits(m)
+            lin = _Linear(m.n, m.k, m.bits, w.add(base + ".b", nb.b), w.add(base + ".s", nb.scales))
+            if nb.mins_t is not None:
+                lin.mins_t = w.add(base + ".mins", nb.mins_t)
+        if bias is not None:
+            lin.bias = w.add(base + ".bias", bias[row : row + m.n])
+        row += m.n
+        out.append(lin)
+    return out
+
+
+def _matrix(g: GGUFFile, name: str) -> QuantMatrix:
+    info = g.tensors.get(name)
+    if info is None:
+        raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
+    k, n = info.shape[0], int(np.prod(info.shape[1:]))
+    return decode_tensor(g.raw(name), info.ggml_type, n, k)
+
+
+def _vector(g: GGUFFile, name: str) -> np.ndarray:
+    if name not in g.tensors:
+        raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
+    return _matrix(g, name).dequantize().reshape(-1).astype(np.float32)
+
+
+def _qkv(g: GGUFFile, cfg: ModelConfig, p: str) -> tuple[list[QuantMatrix], np.ndarray | None]:
+    """Q, K, V of layer prefix `p` in NEOX rotary layout, with 1/√dh folded into Q (and bias)."""
+    dq, dk = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    cuts = [slice(0, dq), slice(dq, dq + dk), slice(dq + dk, dq + 2 * dk)]
+    if cfg.fused_qkv:
+        qkv = _matrix(g, p + "attn_qkv.weight")
+        mats = [qkv.rows(c) for c in cuts]
+        fused_bias = p + "attn_qkv.bias"
+        biases = [_vector(g, fused_bias)[c] for c in cuts] if fused_bias in g.tensors else None
+    else:
+        mats = [_matrix(g, p + f"attn_{x}.weight") for x in "qkv"]
+        names = [p + f"attn_{x}.bias" for x in "qkv"]
+        biases = [_vector(g, n) for n in names] if all(n in g.tensors for n in names) else None
+    if cfg.arch == "llama":
+        perm_q = llama_rope_permutation(cfg.n_heads, cfg.head_dim)
+        perm_k = llama_rope_permutation(cfg.n_kv_heads, cfg.head_dim)
+        mats[0], mats[1] = mats[0].rows(perm_q), mats[1].rows(perm_k)
+        if biases is not None:
+            biases[0], biases[1] = biases[0][perm_q], biases[1][perm_k]
+    scale = 1.0 / np.sqrt(cfg.head_dim)
+    mats[0] = mats[0].scaled(scale)
+    if biases is None:
+        return mats, None
+    biases[0] = (biases[0] * np.float32(scale)).astype(np.float32)
+    return mats, np.concatenate(biases)
+
+
+def write_weights(
+    g: GGUFFile, out_dir: Path, progress: Callable[[float], None] | None = None
+) -> _Weights:
+    """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout)."""
+    cfg = g.config
+    check_supported(cfg)
+    w = _WeightWriter(out_dir / WEIGHTS_FILE)
+    try:
+        layers = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            qkv_mats, qkv_bias = _qkv(g, cfg, p)
+            if cfg.fused_gate_up:
+                gate_up = [_matrix(g, p + "ffn_up.weight")]
+            else:
+                gate_up = [_matrix(g, p + "ffn_gate.weight"), _matrix(g, p + "ffn_up.weight")]
+            layers.append(
+                _Layer(
+                    attn_norm=w.add(p + "attn_norm", _vector(g, p + "attn_norm.weight")),
+                    ffn_norm=w.add(p + "ffn_norm", _vector(g, p + "ffn_norm.weight")),
+                    qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias),
+                    out=_store_linear(w, p + "attn_out", [_matrix(g, p + "attn_output.weight")]),
+                    gate_up=_store_linear(w, p + "gate_up", gate_up),
+                    down=_store_linear(w, p + "down", [_matrix(g, p + "ffn_down.weight")]),
+                )
+            )
+            if progress:
+                progress((i + 1) / (cfg.n_layers + 1))
+        head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+        out_norm = w.add("output_norm", _vector(g, "output_norm.weight"))
+        lm_head = _store_linear(w, "lm_head", [_matrix(g, head)])
+    finally:
+        w.close()
+    return _Weights(layers, out_norm, lm_head, w.tensors)
+
+
+# --------------------------------------------------------------------------- graph
+
+
+class _Graph:
+    """A tiny node/initializer accumulator with unique names."""
+
+    def __init__(self, initializers: Mapping[str, TensorProto]) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, TensorProto] = dict(initializers)
+        self.consts: dict[str, TensorProto] = {}
+        self.count = 0
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        n_out: int = 1,
+        domain: str = "",
+        outputs: Sequence[str] | None = None,
+        **attrs: Any,
+    ) -> Any:
+        self.count += 1
+        outs = list(outputs) if outputs else [f"{op_type}_{self.count}_{j}" for j in range(n_out)]
+        self.nodes.append(
+            helper.make_node(
+                op_type,
+                list(inputs),
+                outs,
+                domain=domain or None,
+                name=f"{op_type}_{self.count}",
+                **attrs,
+            )
+        )
+        return outs[0] if len(outs) == 1 else outs
+
+    def block_sum_matrix(self, k: int) -> str:
+        """Constant `[k, k/32]` with ones where row i belongs to block j: x @ it = block sums."""
+        name = f"block_sums_{k}"
+        if name not in self.consts:
+            ones = (np.arange(k)[:, None] // 32 == np.arange(k // 32)[None, :]).astype(np.float32)
+            self.consts[name] = numpy_helper.from_array(ones, name)
+        return name
+
+    def ints(self, values: Sequence[int]) -> str:
+        name = "c_" + "_".join(str(v).replace("-", "m") for v in values)
+        if name not in self.consts:
+            self.consts[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+        return name
+
+
+def _linear(gr: _Graph, x: str, lins: Sequence[_Linear], level: int) -> str:
+    """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: MatMulNBits or a dense MatMul.
+
+    Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: the block
+    sums are one MatMul with a constant 0/1 matrix, and the correction rides in a Gemm's C input,
+    so it costs two ops rather than four.
+    """
+    outs = []
+    blocksums: dict[int, str] = {}
+    for lin in lins:
+        if lin.bits == 0:
+            y = gr.op("MatMul", [x, lin.b])
+            if lin.bias:
+                y = gr.op("Add", [y, lin.bias])
+            outs.append(y)
+            continue
+        ins = [x, lin.b, lin.scales] + (["", "", lin.bias] if lin.bias else [])
+        y = gr.op(
+            "MatMulNBits",
+            ins,
+            domain="com.microsoft",
+            K=lin.k,
+            N=lin.n,
+            bits=lin.bits,
+            block_size=32,
+            accuracy_level=level,
+        )
+        if lin.mins_t:
+            if lin.k not in blocksums:
+                blocksums[lin.k] = gr.op("MatMul", [x, gr.block_sum_matrix(lin.k)])
+            y = gr.op("Gemm", [blocksums[lin.k], lin.mins_t, y])
+        outs.append(y)
+    return outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)
+
+
+def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FLOAT) -> Any:
+    return helper.make_tensor_value_info(name, elem, list(dims))
+
+
+def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.ModelProto:
+    """The decoder graph for one `spec`, referencing the already written weights."""
+    gr = _Graph(weights.tensors)
+    d, dh = cfg.d_model, cfg.head_dim
+    h, hkv, grp = cfg.n_heads, cfg.n_kv_heads, cfg.n_groups
+    s_dim: int | str = spec.seq_len if spec.seq_len is not None else "S"
+    c_dim: int | str = spec.capacity if spec.capacity is not None else "C"
+    r_dim: int | str = spec.logit_rows if spec.logit_rows is not None else "R"
+    total: int | str = s_dim + c_dim if isinstance(s_dim, int) and isinstance(c_dim, int) else "CS"
+    level = spec.accuracy_level
+    eps = float(cfg.rms_eps)
+
+    inputs = [
+        _value_info("embeddings", [1, s_dim, d]),
+        _value_info("mask", [1, 1, s_dim, total]),
+        _value_info("cos", [1, s_dim, dh // 2]),
+        _value_info("sin", [1, s_dim, dh // 2]),
+        _value_info("logit_rows", [r_dim], TensorProto.INT64),
+    ]
+    outputs = [_value_info("logits", [r_dim, cfg.vocab_size])]
+    for i in range(cfg.n_layers):
+        inputs += [
+            _value_info(f"past_k_{i}", [1, hkv, c_dim, dh]),
+            _value_info(f"past_v_{i}", [1, hkv, c_dim, dh]),
+        ]
+        outputs += [
+            _value_info(f"new_k_{i}", [1, hkv, s_dim, dh]),
+            _value_info(f"new_v_{i}", [1, hkv, s_dim, dh]),
+        ]
+
+    # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
+    # [C, S] split of the attention columns into cached slots and new rows.
+    mask = gr.op("Tile", ["mask", gr.ints([1, 1, grp, 1])]) if grp > 1 else "mask"
+    if spec.capacity is not None and spec.seq_len is not None:
+        split_cs = gr.ints([spec.capacity, spec.seq_len])
+    else:
+        cap = gr.op("Shape", ["past_k_0"], start=2, end=3)
+        seq = gr.op("Shape", ["embeddings"], start=1, end=2)
+        split_cs = gr.op("Concat", [cap, seq], axis=0)
+
+    def norm(x: str, weight: str, delta: str | None) -> tuple[str, str]:
+        """RMSNorm of `x + delta`; returns (normed, new residual stream)."""
+        if delta is None:
+            return gr.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=eps), x
+        if spec.fused_norms:
+            normed, _, _, summed = gr.op(
+                "SkipSimplifiedLayerNormalization",
+                [delta, x, weight],
+                n_out=4,
+                domain="com.microsoft",
+                epsilon=eps,
+            )
+            return normed, summed
+        summed = gr.op("Add", [x, delta])
+        return gr.op("SimplifiedLayerNormalization", [summed, weight], axis=-1, epsilon=eps), summed
+
+    def rope(x: str, out: str | None = None) -> str:
+        return gr.op("RotaryEmbedding", [x, "cos", "sin"], outputs=[out] if out else None)
+
+    # The residual stream is 2-D [S, D] (MatMulNBits and the norms take it; Gemm needs it).
+    x, delta = gr.op("Reshape", ["embeddings", gr.ints([-1, d])]), None
+    for i, layer in enumerate(weights.layers):
+        n1, x = norm(x, layer.attn_norm, delta)
+        qkv = _linear(gr, n1, layer.qkv, level)
+        q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
+        # Q [1,S,H·dh] -> [1,H,S,dh] -> rotary -> [1,Hkv,G·S,dh] (rows g·S + s, as Tile(mask))
+        q = gr.op("Transpose", [gr.op("Reshape", [q, gr.ints([1, -1, h, dh])])], perm=[0, 2, 1, 3])
+        q = gr.op("Reshape", [rope(q), gr.ints([0, hkv, -1, dh])])
+        k = gr.op(
+            "Transpose", [gr.op("Reshape", [k, gr.ints([1, -1, hkv, dh])])], perm=[0, 2, 1, 3]
+        )
+        k_new = rope(k, f"new_k_{i}")
+        v_new = gr.op(
+            "Transpose",
+            [gr.op("Reshape", [v, gr.ints([1, -1, hkv, dh])])],
+            outputs=[f"new_v_{i}"],
+            perm=[0, 2, 1, 3],
+        )
+        kt_past = gr.op("Transpose", [f"past_k_{i}"], perm=[0, 1, 3, 2])
+        kt_new = gr.op("Transpose", [k_new], perm=[0, 1, 3, 2])
+        scores = gr.op(
+            "Concat", [gr.op("MatMul", [q, kt_past]), gr.op("MatMul", [q, kt_new])], axis=-1
+        )
+        probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
+        p_past, p_new = gr.op("Split", [probs, split_cs], n_out=2, axis=-1)
+        att = gr.op(
+            "Add",
+            [gr.op("MatMul", [p_past, f"past_v_{i}"]), gr.op("MatMul", [p_new, v_new])],
+        )
+        att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
+        att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
+        att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])
+        n2, x = norm(x, layer.ffn_norm, _linear(gr, att, layer.out, level))
+        gu = _linear(gr, n2, layer.gate_up, level)
+        gate, up = gr.op("Split", [gu, gr.ints([cfg.ffn_dim, cfg.ffn_dim])], n_out=2, axis=-1)
+        act = gr.op("Mul", [gr.op("Mul", [gate, gr.op("Sigmoid", [gate])]), up])
+        delta = _linear(gr, act, layer.down, level)
+
+    # Only the requested rows reach the final norm and the LM head.
+    rows_x = gr.op("Gather", [x, "logit_rows"], axis=0)
+    rows_d = gr.op("Gather", [delta, "logit_rows"], axis=0) if delta else None
+    fin, _ = norm(rows_x, weights.out_norm, rows_d)
+    logits = _linear(gr, fin, weights.lm_head, level)
+    gr.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
+
+    used = {name for node in gr.nodes for name in node.input}
+    inits = [t for name, t in gr.inits.items() if name in used] + list(gr.consts.values())
+    graph = helper.make_graph(gr.nodes, "npuchat_decoder", inputs, outputs, initializer=inits)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="npuchat",
+        producer_version=BUILDER_VERSION,
+    )
+    model.ir_version = 10
+    return model
+
+
+def build_graphs(
+    gguf_path: Path,
+    specs: Mapping[str, GraphSpec],
+    out_dir: Path,
+    progress: Callable[[float], None] | None = None,
+) -> dict[str, Path]:
+    """Write `weights.bin` once and one `<name>.onnx` per spec into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with GGUFFile(gguf_path) as g:
+        weights = write_weights(g, out_dir, progress)
+        cfg = g.config
+    paths = {}
+    for name, spec in specs.items():
+        model = make_graph(cfg, weights, spec)
+        path = out_dir / f"{name}.onnx"
+        onnx.save_model(model, str(path))
+        paths[name] = path
+    if progress:
+        progress(1.0)
+    return paths
+
+
+def spec_digest(specs: Mapping[str, GraphSpec]) -> str:
+    """A stable text of the graph set, for the compile-cache key."""
+    blob = json.dumps({k: v.key() for k, v in sorted(specs.items())}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

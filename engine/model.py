@@ -1,0 +1,305 @@
+"""A loaded model: config, compiled graphs, one runtime session, and its static KV cache.
+
+This is the interface the conversation session builds on: `prefill` appends tokens at `n_past`
+and returns the last position's logits, `decode` one token, `verify` up to k+1 tokens with
+logits for every row (speculative decoding), `rollback` moves the fill level back, and
+`kv_export`/`kv_import` move rows in and out for the prefix store.
+
+On the CPU one graph with symbolic S and C serves prefill chunks, decode and verify at every
+capacity (see `graph_builder`): one session, so the weights are prepacked once. The cache
+buffers are bound to the session as OrtValues over the numpy arrays (no per-step copy of the
+cache); only the new K/V rows come back and are written at slot `n_past`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import NpuchatError
+from .gguf_reader import GGUFFile, ModelConfig
+from .graph_builder import BUILDER_VERSION, GraphSpec, build_graphs, rope_tables, spec_digest
+from .kvcache import KVCache, KVSnapshot
+from .quant import dequantize_rows
+from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
+
+__all__ = ["KVSnapshot", "Model", "ModelConfig", "default_capacities"]
+
+Progress = Callable[[str, float], None]
+
+
+def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
+    """Powers of two from 256 up to the model's context (at most `limit`), then that maximum."""
+    top = max(1, min(context_length, limit))
+    caps = [c for c in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768) if c < top]
+    return [*caps, top]
+
+
+class Model:
+    """A GGUF model compiled to ONNX graphs, with a preallocated KV cache (see module doc)."""
+
+    config: ModelConfig
+    sha256: str
+    path: Path
+
+    def __init__(self) -> None:  # use Model.load
+        self._session: ort.InferenceSession | None = None
+        self._io: ort.IOBinding | None = None
+        self._gguf: GGUFFile | None = None
+
+    @classmethod
+    def load(
+        cls,
+        gguf_path: str | Path,
+        *,
+        cache_dir: Path,
+        device: str = "cpu",
+        prefill_chunk: int = 128,
+        verify_k: int = 4,
+        capacities: Sequence[int] | None = None,
+        threads: int | None = None,
+        progress: Progress | None = None,
+        accuracy_level: int = 4,
+    ) -> Model:
+        """Open `gguf_path`, build (or reuse from `cache_dir`) its graphs and start a session.
+
+        `accuracy_level` is MatMulNBits' activation precision: 4 = int8 activations (the fast
+        path, like llama.cpp's Q8 activations), 0 = float32 (exact, ~30× slower; tests).
+        """
+        report = progress or (lambda stage, fraction: None)
+        providers_for(device)  # unknown device: fail before any work
+        if prefill_chunk < 1 or verify_k < 0:
+            raise NpuchatError("prefill_chunk must be ≥ 1 and verify_k ≥ 0")
+        self = cls()
+        self.path = Path(gguf_path).expanduser().resolve()
+        self._gguf = GGUFFile(self.path)
+        try:
+            self._open(
+                Path(cache_dir),
+                device,
+                prefill_chunk,
+                verify_k,
+                capacities,
+                threads,
+                report,
+                accuracy_level,
+            )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(
+        self,
+        cache_dir: Path,
+        device: str,
+        prefill_chunk: int,
+        verify_k: int,
+        capacities: Sequence[int] | None,
+        threads: int | None,
+        report: Progress,
+        accuracy_level: int,
+    ) -> None:
+        self.config = cfg = self._gguf.config
+        self.device = device
+        self.prefill_chunk = int(prefill_chunk)
+        self.verify_k = int(verify_k)
+        caps = list(capacities) if capacities else default_capacities(cfg.context_length)
+        if max(caps) > cfg.context_length:
+            raise NpuchatError(
+                f"KV capacity {max(caps)} exceeds {cfg.name}'s context of {cfg.context_length}"
+            )
+        report("hashing model", 0.0)
+        self.sha256 = model_sha256(self.path, cache_dir)
+        specs = {"decoder": GraphSpec(None, None, None, accuracy_level, fused_norms=True)}
+        key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
+        self._graph_cache = GraphCache(cache_dir)
+        t0 = time.perf_counter()
+
+        def build(folder: Path) -> None:
+            build_graphs(self.path, specs, folder, lambda f: report("building graphs", f))
+
+        self.graph_dir = self._graph_cache.get_or_build(
+            key, build, {"model": self.path.name, "sha256": self.sha256}
+        )
+        report("loading graphs", 0.0)
+        self._session = create_session(self.graph_dir / "decoder.onnx", device, threads)
+        self.load_seconds = time.perf_counter() - t0
+        self._io = self._session.io_binding()
+        self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
+        self._bound_cache = -1  # KVCache.generation whose buffers are bound
+        self._bound_step: tuple[int, int, int] | None = None  # (S, R, cache generation)
+        self._steps: dict[tuple[int, int], _StepBuffers] = {}
+        emb = self._gguf.tensors["token_embd.weight"]
+        self._emb_raw = self._gguf.raw("token_embd.weight")
+        self._emb_type = emb.ggml_type
+        self._cos, self._sin = rope_tables(cfg, np.arange(self._kv.max_capacity))
+        report("ready", 1.0)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def n_past(self) -> int:
+        return self._kv.n
+
+    @property
+    def capacity(self) -> int:
+        return self._kv.capacity
+
+    @property
+    def max_capacity(self) -> int:
+        return self._kv.max_capacity
+
+    @property
+    def kv_bytes(self) -> int:
+        return self._kv.bytes_for(self._kv.capacity)
+
+    @property
+    def graph_builds(self) -> int:
+        """Graph folders built by this load (0 when the compile cache served it)."""
+        return self._graph_cache.builds
+
+    def rollback(self, n: int) -> None:
+        self._kv.rollback(n)
+
+    def kv_export(self, start: int, end: int) -> KVSnapshot:
+        return self._kv.export(start, end)
+
+    def kv_import(self, snap: KVSnapshot, at: int) -> None:
+        self._kv.import_(snap, at)
+
+    def close(self) -> None:
+        self._session = None
+        self._io = None
+        if getattr(self, "_gguf", None) is not None:
+            self._emb_raw = None
+            self._gguf.close()
+            self._gguf = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ generation
+
+    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+        """Append `ids` at `n_past` in chunks of `prefill_chunk`; logits of the last one."""
+        ids = self._check_ids(ids)
+        if not ids:
+            raise NpuchatError("prefill needs at least one token")
+        self._kv.ensure(self._kv.n + len(ids))
+        logits = None
+        for start in range(0, len(ids), self.prefill_chunk):
+            chunk = ids[start : start + self.prefill_chunk]
+            logits = self._step(chunk, all_rows=False)
+        assert logits is not None
+        return logits[0]
+
+    def decode(self, token: int) -> np.ndarray:
+        """Append one token; its logits `[vocab]`."""
+        return self._step(self._check_ids([token]), all_rows=False)[0]
+
+    def verify(self, ids: Sequence[int]) -> np.ndarray:
+        """Append up to k+1 tokens; logits for every one `[len(ids), vocab]` (roll back after)."""
+        ids = self._check_ids(ids)
+        if not 1 <= len(ids) <= self.verify_k + 1:
+            raise NpuchatError(f"verify takes 1..{self.verify_k + 1} tokens, got {len(ids)}")
+        return self._step(ids, all_rows=True)
+
+    def embed(self, ids: Sequence[int]) -> np.ndarray:
+        """Token embeddings `[len(ids), d_model]`, decoded from the GGUF on the host."""
+        return dequantize_rows(
+            self._emb_raw, self._emb_type, self.config.d_model, np.asarray(ids, dtype=np.int64)
+        )
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        if self._session is None:
+            raise NpuchatError("the model is closed; load it again")
+        out = [int(t) for t in ids]
+        bad = [t for t in out if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise NpuchatError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})"
+            )
+        return out
+
+    def _bind(self, s: int, r: int) -> _StepBuffers:
+        """Bind the cache and this step shape's buffers; a no-op when nothing changed.
+
+        Every input and output is an OrtValue over a numpy buffer that stays bound between
+        runs, so a decode step only fills a few small arrays: no binding, no allocation.
+        """
+        kv, io = self._kv, self._io
+        if self._bound_cache != kv.generation:
+            self._cache_values = []
+            for i in range(self.config.n_layers):
+                for kind, bufs in (("k", kv.k), ("v", kv.v)):
+                    value = ort.OrtValue.ortvalue_from_numpy(bufs[i])
+                    io.bind_ortvalue_input(f"past_{kind}_{i}", value)
+                    self._cache_values.append(value)
+            self._bound_cache = kv.generation
+        buf = self._steps.pop((s, r), None)
+        if buf is None or buf.capacity != kv.capacity:
+            buf = _StepBuffers(self.config, s, r, kv.capacity)
+        self._steps[(s, r)] = buf  # most recent last; keep a few shapes (decode, verify, chunk)
+        while len(self._steps) > 4:
+            del self._steps[next(iter(self._steps))]
+        if self._bound_step != (s, r, kv.generation):
+            for name, value in buf.inputs.items():
+                io.bind_ortvalue_input(name, value)
+            for name, value in buf.outputs.items():
+                io.bind_ortvalue_output(name, value)
+            self._bound_step = (s, r, kv.generation)
+        return buf
+
+    def _step(self, ids: list[int], all_rows: bool) -> np.ndarray:
+        """Run the graph on `ids` at slot n; write their K/V rows back; return logits rows."""
+        s = len(ids)
+        kv = self._kv
+        n = kv.n
+        kv.ensure(n + s)
+        buf = self._bind(s, s if all_rows else 1)
+        buf.embeddings[0] = self.embed(ids)
+        buf.cos[0] = self._cos[n : n + s]
+        buf.sin[0] = self._sin[n : n + s]
+        kv.fill_mask(buf.mask)
+        assert self._session is not None
+        self._session.run_with_iobinding(self._io)
+        kv.write(buf.new_k, buf.new_v, slice(None), n)
+        kv.n = n + s
+        return buf.logits.copy()
+
+
+class _StepBuffers:
+    """Preallocated inputs and outputs of one step shape (S new rows, R logit rows, capacity C)."""
+
+    def __init__(self, cfg: ModelConfig, s: int, r: int, capacity: int) -> None:
+        f32 = np.float32
+        self.capacity = capacity
+        self.embeddings = np.zeros((1, s, cfg.d_model), f32)
+        self.mask = np.zeros((1, 1, s, capacity + s), f32)
+        self.cos = np.zeros((1, s, cfg.head_dim // 2), f32)
+        self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
+        self.rows = np.arange(s - r, s, dtype=np.int64)
+        self.logits = np.zeros((r, cfg.vocab_size), f32)
+        kv_shape = (1, cfg.n_kv_heads, s, cfg.head_dim)
+        self.new_k = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
+        self.new_v = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
+        value = ort.OrtValue.ortvalue_from_numpy
+        self.inputs = {
+            "embeddings": value(self.embeddings),
+            "mask": value(self.mask),
+            "cos": value(self.cos),
+            "sin": value(self.sin),
+            "logit_rows": value(self.rows),
+        }
+        self.outputs = {"logits": value(self.logits)}
+        for i in range(cfg.n_layers):
+            self.outputs[f"new_k_{i}"] = value(self.new_k[i])
+            self.outputs[f"new_v_{i}"] = value(self.new_v[i])

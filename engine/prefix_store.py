@@ -1,0 +1,237 @@
+"""KV prefixes kept for reuse: in RAM under a byte budget (LRU), and system prompts on disk.
+
+Entries form chains: an entry stores only the K/V rows past its parent, the longest entry that
+is a prefix of it, so a system prompt shared by many conversations is held once (prefix sharing).
+A lookup may use any entry partially: row i of a causal model's cache depends only on tokens
+0..i, so the first `lcp` rows of an entry are valid for every sequence sharing those tokens.
+
+On disk, each persisted prefix is an `.npz` of its rows plus a JSON header with the tokens, the
+layout key (model, graphs, numerics: the graph cache key) and the sha256 of the `.npz` bytes. A
+file whose hash does not match is never loaded: it is reported and rebuilt by the next prefill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .kvcache import KVSnapshot
+
+Exporter = Callable[[int, int], KVSnapshot]
+_FORMAT = 1
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if len(diff) else n
+
+
+def token_key(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int64).tobytes()).hexdigest()
+
+
+@dataclass
+class _Entry:
+    tokens: tuple[int, ...]
+    parent: str | None  # key of the entry holding rows [0, start)
+    start: int
+    rows: KVSnapshot  # rows [start, len(tokens))
+    pinned: bool = False  # system prefixes survive eviction while others can go
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    length: int
+    snapshot: KVSnapshot  # rows [0, length)
+    source: str  # "memory" or "disk"
+
+
+class PrefixStore:
+    def __init__(
+        self, layout_key: str, *, budget_bytes: int = 512 << 20, disk_dir: Path | None = None
+    ) -> None:
+        self.layout_key = layout_key
+        self.budget_bytes = budget_bytes
+        self.disk_dir = disk_dir / layout_key[:32] if disk_dir else None
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self.warnings: list[str] = []
+        self.hits = {"memory": 0, "disk": 0}
+
+    # ------------------------------------------------------------------ memory
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.rows.nbytes for e in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _best(self, tokens: Sequence[int], limit: int) -> tuple[str | None, int]:
+        best_key, best_len = None, 0
+        for key, e in self._entries.items():
+            n = min(common_prefix_len(e.tokens, tokens), limit)
+            if n > best_len:
+                best_key, best_len = key, n
+        return best_key, best_len
+
+    def _rows(self, key: str, end: int) -> KVSnapshot:
+        """Rows [0, end) assembled along the chain of `key`."""
+        parts: list[KVSnapshot] = []
+        cur: str | None = key
+        while cur is not None:
+            e = self._entries[cur]
+            if e.start < end:
+                take = min(end, len(e.tokens)) - e.start
+                parts.append(
+                    KVSnapshot(
+                        e.start,
+                        [a[:, :, :take] for a in e.rows.k],
+                        [a[:, :, :take] for a in e.rows.v],
+                    )
+                )
+            cur = e.parent
+        parts.reverse()
+        return KVSnapshot(
+            0,
+            [np.concatenate([p.k[i] for p in parts], axis=2) for i in range(len(parts[0].k))],
+            [np.concatenate([p.v[i] for p in parts], axis=2) for i in range(len(parts[0].v))],
+        )
+
+    def put(self, tokens: Sequence[int], export: Exporter, *, pinned: bool = False) -> None:
+        """Keep the KV of `tokens` (currently rows [0, len) of the cache, read via `export`)."""
+        tokens = tuple(int(t) for t in tokens)
+        key = token_key(tokens)
+        if not tokens:
+            return
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            self._entries[key].pinned |= pinned
+            return
+        parent, start = None, 0
+        for k, e in self._entries.items():  # longest full entry that is our prefix
+            if len(e.tokens) > start and tokens[: len(e.tokens)] == e.tokens:
+                parent, start = k, len(e.tokens)
+        if start == len(tokens):
+            return
+        self._entries[key] = _Entry(tokens, parent, start, export(start, len(tokens)), pinned)
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.nbytes > self.budget_bytes and self._entries:
+            parents = {e.parent for e in self._entries.values()}
+            victim = next(
+                (k for k, e in self._entries.items() if k not in parents and not e.pinned),
+                None,
+            ) or next((k for k in self._entries if k not in parents), None)
+            if victim is None:
+                return
+            del self._entries[victim]
+
+    def lookup(self, tokens: Sequence[int], limit: int) -> PrefixHit | None:
+        """The longest stored prefix of `tokens` (at most `limit` rows), from RAM or disk."""
+        key, n = self._best(tokens, limit)
+        disk = self._disk_best(tokens, limit, n)
+        if disk is not None:
+            return disk
+        if key is None or n == 0:
+            return None
+        self._entries.move_to_end(key)
+        self.hits["memory"] += 1
+        return PrefixHit(n, self._rows(key, n), "memory")
+
+    # ------------------------------------------------------------------ disk
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        assert self.disk_dir is not None
+        return self.disk_dir / f"{key}.json", self.disk_dir / f"{key}.npz"
+
+    def persist(self, tokens: Sequence[int], export: Exporter) -> None:
+        """Write the prefix to disk (atomically) unless an intact copy is already there."""
+        if self.disk_dir is None or not tokens:
+            return
+        key = token_key(tokens)
+        head, body = self._paths(key)
+        if head.exists() and self._read(head, body) is not None:
+            return
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        snap = export(0, len(tokens))
+        buf = io.BytesIO()
+        arrays = {f"k{i}": a for i, a in enumerate(snap.k)} | {
+            f"v{i}": a for i, a in enumerate(snap.v)
+        }
+        np.savez(buf, **arrays)
+        data = buf.getvalue()
+        header = {
+            "format": _FORMAT,
+            "layout": self.layout_key,
+            "tokens": [int(t) for t in tokens],
+            "layers": len(snap.k),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+        }
+        for path, content in ((body, data), (head, json.dumps(header).encode())):
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_bytes(content)
+            os.replace(tmp, path)
+
+    def _read(self, head: Path, body: Path) -> tuple[list[int], KVSnapshot] | None:
+        try:
+            header = json.loads(head.read_text())
+            data = body.read_bytes()
+        except (OSError, ValueError):
+            self.warnings.append(f"prefix cache {head.name} is unreadable; it will be rebuilt")
+            return None
+        if header.get("format") != _FORMAT or header.get("layout") != self.layout_key:
+            return None  # another model or graph version: not ours to judge
+        if hashlib.sha256(data).hexdigest() != header.get("sha256"):
+            self.warnings.append(
+                f"prefix cache {body.name} does not match its hash (corrupt); it will be rebuilt"
+            )
+            return None
+        with np.load(io.BytesIO(data)) as z:
+            n = int(header["layers"])
+            snap = KVSnapshot(0, [z[f"k{i}"] for i in range(n)], [z[f"v{i}"] for i in range(n)])
+        return list(header["tokens"]), snap
+
+    def _disk_best(self, tokens: Sequence[int], limit: int, beat: int) -> PrefixHit | None:
+        """A persisted prefix longer than `beat` rows that `tokens` starts with, if any."""
+        if self.disk_dir is None or not self.disk_dir.is_dir():
+            return None
+        best: tuple[int, Path] | None = None
+        for head in self.disk_dir.glob("*.json"):
+            try:
+                stored = json.loads(head.read_text()).get("tokens", [])
+            except (OSError, ValueError):
+                continue
+            fits = beat < len(stored) <= limit and list(tokens[: len(stored)]) == stored
+            if fits and (best is None or len(stored) > best[0]):
+                best = (len(stored), head)
+        if best is None:
+            return None
+        head = best[1]
+        read = self._read(head, head.with_suffix(".npz"))
+        if read is None:
+            return None
+        stored, snap = read
+        self.hits["disk"] += 1
+        self.put(
+            stored,
+            lambda s, e: KVSnapshot(
+                s, [a[:, :, s:e] for a in snap.k], [a[:, :, s:e] for a in snap.v]
+            ),
+            pinned=True,
+        )
+        return PrefixHit(len(stored), snap, "disk")

@@ -1,0 +1,173 @@
+"""ONNX Runtime sessions per device, and the compile-once cache of built graphs.
+
+Building a model's graphs (decoding every GGUF block into `MatMulNBits` layout) takes seconds to
+minutes; a chat app must not pay that on every start. Built files live under
+`<cache_dir>/graphs/<key>/` with a manifest of their sizes and sha256 digests, written last and
+atomically: a folder whose manifest is missing, or whose files no longer match it (a crash
+mid-write, a truncated copy, bit rot), is rebuilt, never loaded. The key covers everything that
+changes the bytes: the model's sha256, the graph specs, the builder version, the onnxruntime
+version and the device options.
+
+Provider selection lives in `session_options_for`/`providers_for` only, so adding a device (the
+QNN NPU) touches this module and nothing above it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from .errors import NpuchatError
+
+MANIFEST = "manifest.json"
+DEVICES = ("cpu",)
+_HASH_CHUNK = 8 << 20
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_sha256(path: Path, cache_dir: Path) -> str:
+    """The model file's sha256, cached in a sidecar keyed by path, size and mtime.
+
+    Hashing a 1 GB file costs ~1 s per start; the sidecar makes it a stat() call. A file that was
+    replaced (different size or mtime) is hashed again.
+    """
+    path = Path(path).resolve()
+    st = path.stat()
+    sidecar = cache_dir / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    try:
+        saved = json.loads(sidecar.read_text())
+        if {k: saved.get(k) for k in stamp} == stamp and len(saved.get("sha256", "")) == 64:
+            return str(saved["sha256"])
+    except (OSError, ValueError):
+        pass
+    digest = file_sha256(path)
+    sidecar.parent.mkdir(parents=True, exist_ok=True)
+    tmp = sidecar.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({**stamp, "sha256": digest}))
+    tmp.replace(sidecar)
+    return digest
+
+
+def cache_key(
+    model_sha: str,
+    spec_digest: str,
+    builder_version: str,
+    device: str,
+    device_options: Mapping[str, Any],
+) -> str:
+    blob = json.dumps(
+        {
+            "model": model_sha,
+            "specs": spec_digest,
+            "builder": builder_version,
+            "onnxruntime": ort.__version__,
+            "device": device,
+            "options": dict(device_options),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class GraphCache:
+    """Built graph folders under `<cache_dir>/graphs/`, verified against their manifest."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.root = Path(cache_dir) / "graphs"
+        self.builds = 0  # how many folders this instance built (tests assert on it)
+
+    def folder(self, key: str) -> Path:
+        return self.root / key
+
+    def verify(self, key: str) -> bool:
+        """True if the folder's manifest exists and every file matches its size and sha256."""
+        folder = self.folder(key)
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            files = manifest["files"]
+            for name, rec in files.items():
+                path = folder / name
+                if path.stat().st_size != rec["size"] or file_sha256(path) != rec["sha256"]:
+                    return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return bool(files)
+
+    def get_or_build(
+        self, key: str, build: Callable[[Path], None], meta: Mapping[str, Any] | None = None
+    ) -> Path:
+        """The verified folder for `key`, building it first if it is absent or damaged."""
+        folder = self.folder(key)
+        if self.verify(key):
+            return folder
+        tmp = self.root / f"{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+        tmp.mkdir(parents=True)
+        try:
+            build(tmp)
+            files = {
+                p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                for p in sorted(tmp.iterdir())
+                if p.is_file()
+            }
+            manifest = {"key": key, "files": files, "meta": dict(meta or {})}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp.rename(folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.builds += 1
+        return folder
+
+
+def providers_for(device: str) -> list[str]:
+    """The execution providers for a device name; the one place a new device is added."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    raise NpuchatError(f"unknown device {device!r}; use one of: {', '.join(DEVICES)}")
+
+
+def session_options_for(device: str, threads: int | None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    spin = os.environ.get("NPUCHAT_ORT_SPIN")
+    if spin is not None:  # benchmarking knob: spinning threads vs a busy machine
+        so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    return so
+
+
+def create_session(onnx_path: Path, device: str, threads: int | None) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(
+            str(onnx_path), session_options_for(device, threads), providers=providers_for(device)
+        )
+    except (
+        ort.capi.onnxruntime_pybind11_state.Fail,
+        ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+    ) as exc:
+        raise NpuchatError(
+            f"ONNX Runtime could not load {onnx_path.name} ({str(exc).splitlines()[0][:200]}); "
+            "delete the cache folder and start again"
+        ) from exc

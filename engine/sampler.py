@@ -1,0 +1,101 @@
+"""Logits → next token, on the host.
+
+The warps run in llama.cpp's order: repetition penalty, top-k, top-p, min-p, temperature. They are
+split from the draw (`distribution` then `draw`) because speculative decoding needs the exact
+distribution the plain sampler would draw from, for the target and the draft alike: the
+acceptance rule compares p(x) and q(x) after the same warps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .events import SamplingParams
+
+REPEAT_WINDOW = 64  # tokens of history the repetition penalty looks at (llama.cpp's default)
+
+
+def apply_repeat_penalty(
+    logits: np.ndarray, history: Sequence[int], penalty: float, window: int = REPEAT_WINDOW
+) -> np.ndarray:
+    """llama.cpp's rule: a seen token's positive logit is divided, a negative one multiplied."""
+    if penalty == 1.0 or not history:
+        return logits
+    out = logits.copy()
+    seen = np.unique(np.asarray(history[-window:], dtype=np.int64))
+    vals = out[seen]
+    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature <= 0.0 or params.top_k == 1
+
+
+def distribution(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()
+) -> np.ndarray:
+    """The probability vector (float64, sums to 1) the sampler draws the next token from.
+
+    Greedy settings give a one-hot vector at the argmax, so "sampling" from it is exact greedy.
+    """
+    x = apply_repeat_penalty(np.asarray(logits, dtype=np.float64), history, params.repeat_penalty)
+    vocab = x.shape[0]
+    out = np.zeros(vocab, dtype=np.float64)
+    if is_greedy(params):
+        out[int(np.argmax(x))] = 1.0
+        return out
+    k = params.top_k if 0 < params.top_k < vocab else vocab
+    idx = np.argpartition(-x, k - 1)[:k] if k < vocab else np.arange(vocab)
+    vals = x[idx]
+    order = np.argsort(-vals, kind="stable")
+    idx, vals = idx[order], vals[order]
+    probs = np.exp(vals - vals[0])
+    probs /= probs.sum()
+    keep = len(idx)
+    if 0.0 < params.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1)
+    if params.min_p > 0.0:
+        keep = min(keep, max(1, int(np.sum(probs >= params.min_p * probs[0]))))
+    idx, vals = idx[:keep], vals[:keep]
+    scaled = (vals - vals[0]) / params.temperature
+    p = np.exp(scaled)
+    out[idx] = p / p.sum()
+    return out
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from a probability vector (inverse CDF, so one uniform number per token)."""
+    nz = np.flatnonzero(probs)
+    if len(nz) == 1:
+        return int(nz[0])
+    cdf = np.cumsum(probs[nz])
+    u = rng.random() * cdf[-1]
+    return int(nz[min(int(np.searchsorted(cdf, u, side="right")), len(nz) - 1)])
+
+
+class Sampler:
+    """Sampling state for one reply: parameters, a seeded generator, the token history."""
+
+    def __init__(self, params: SamplingParams, history: Sequence[int] = ()) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.history: list[int] = list(history[-REPEAT_WINDOW:])
+
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        return distribution(logits, self.params, self.history)
+
+    def sample(self, logits: np.ndarray) -> int:
+        if is_greedy(self.params) and self.params.repeat_penalty == 1.0:
+            token = int(np.argmax(logits))  # skip building a dense vector on the hot path
+        else:
+            token = draw(self.probs(logits), self.rng)
+        self.accept(token)
+        return token
+
+    def accept(self, token: int) -> None:
+        self.history.append(token)
+        if len(self.history) > 2 * REPEAT_WINDOW:
+            del self.history[:-REPEAT_WINDOW]

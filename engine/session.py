@@ -1,0 +1,383 @@
+"""Conversation sessions: the `ChatEngine` the UI and `npuchat run` talk to.
+
+A `ChatSession` owns one loaded model and remembers which tokens' K/V are in its cache. Each
+request is rendered with the model's chat template and tokenized in full; the longest common
+prefix with the cache (or with a stored prefix: see `prefix_store`) is reused and only the rest
+is prefilled. Multi-turn chats therefore prefill just the new message, and edits or regenerations
+roll back to the point where the token sequences diverge.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .chat_template import ChatTemplate
+from .errors import NpuchatError
+from .events import (
+    Cancelled,
+    ChatMessage,
+    ChatRequest,
+    Event,
+    Failed,
+    Finished,
+    Metrics,
+    MetricsUpdate,
+    Notice,
+    SamplingParams,
+    StopReason,
+    TokenDelta,
+)
+from .model import Model
+from .prefix_store import PrefixStore, common_prefix_len
+from .sampler import Sampler
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+METRICS_INTERVAL_S = 0.1  # live metrics at most ~10 Hz
+_PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    prefix_budget_bytes: int = 512 << 20
+    persist_prefixes: bool = True
+
+
+class _StopMatcher:
+    """Holds back text that might be the start of a stop string, so none is ever shown."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.buffer = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was hit)."""
+        self.buffer += text
+        for stop in self.stops:
+            at = self.buffer.find(stop)
+            if at >= 0:
+                out, self.buffer = self.buffer[:at], ""
+                return out, True
+        hold = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(self.buffer)), 0, -1):
+                if self.buffer.endswith(stop[:n]):
+                    hold = max(hold, n)
+                    break
+        out = self.buffer[: len(self.buffer) - hold]
+        self.buffer = self.buffer[len(out) :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buffer = self.buffer, ""
+        return out
+
+
+class ChatSession:
+    """One model (plus its cache and stored prefixes), serving one generation at a time."""
+
+    def __init__(
+        self,
+        model: Model,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        *,
+        name: str,
+        device: str,
+        prefix_dir: Path | None = None,
+        options: SessionOptions | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template
+        self._name = name
+        self._device = device
+        self._clock = clock
+        opts = options or SessionOptions()
+        self.prefixes = PrefixStore(
+            model.graph_dir.name,
+            budget_bytes=opts.prefix_budget_bytes,
+            disk_dir=prefix_dir if opts.persist_prefixes else None,
+        )
+        self._tokens: list[int] = []  # tokens whose K/V are in slots [0, n_past)
+        self._system_cache: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        self.stop_ids = set(tokenizer.eot_ids)
+        marker = template.end_marker
+        if marker is not None and (mid := tokenizer.token_to_id(marker)) is not None:
+            self.stop_ids.add(mid)
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        name: str,
+        cache_dir: Path,
+        device: str = "cpu",
+        threads: int | None = None,
+        progress: Callable[[str, float], None] | None = None,
+        options: SessionOptions | None = None,
+        **model_kw: object,
+    ) -> ChatSession:
+        model = Model.load(
+            path,
+            cache_dir=cache_dir,
+            device=device,
+            threads=threads,
+            progress=progress,
+            **model_kw,  # type: ignore[arg-type]
+        )
+        from .gguf_reader import GGUFFile
+
+        with GGUFFile(path) as g:
+            tokenizer = Tokenizer.from_gguf(g)
+            template = ChatTemplate.from_gguf(g)
+        return cls(
+            model,
+            tokenizer,
+            template,
+            name=name,
+            device=device,
+            prefix_dir=cache_dir / "prefixes",
+            options=options,
+        )
+
+    # ChatEngine protocol
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def draft_name(self) -> str:
+        return ""
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    def close(self) -> None:
+        self.model.close()
+
+    # ------------------------------------------------------------------ prompt
+
+    def _messages(self, system: str, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+        out = [{"role": "system", "content": system}] if system else []
+        return out + [{"role": m.role, "content": m.content} for m in messages]
+
+    def prompt_ids(self, system: str, messages: Sequence[ChatMessage]) -> list[int]:
+        text = self.template.render(self._messages(system, messages), add_generation_prompt=True)
+        return self.tokenizer.encode_prompt(text)
+
+    def system_prefix(self, system: str) -> list[int]:
+        """Tokens every conversation with this system prompt starts with.
+
+        Rendered twice with two unrelated user messages: whatever the template writes before the
+        user's text (BOS, the system block, the user header) is the common token prefix.
+        """
+        if system not in self._system_cache:
+            a = self.prompt_ids(system, [ChatMessage("user", _PROBE_A)])
+            b = self.prompt_ids(system, [ChatMessage("user", _PROBE_B)])
+            self._system_cache[system] = a[: common_prefix_len(a, b)]
+        return self._system_cache[system]
+
+    def _fit(self, request: ChatRequest) -> tuple[list[int], int]:
+        """Prompt ids that leave room for a reply, dropping the oldest turns if needed.
+
+        Returns (ids, dropped turn count). The reply budget is max_tokens, capped at a quarter
+        of the context so that a long conversation still gets a useful reply budget.
+        """
+        cap = self.model.max_capacity
+        reserve = max(1, min(request.sampling.max_tokens, cap // 4))
+        messages = list(request.messages)
+        dropped = 0
+        ids = self.prompt_ids(request.system_prompt, messages)
+        while len(ids) + reserve > cap:
+            # a turn = one user message and the replies after it; the last user message stays
+            firsts = [i for i, m in enumerate(messages) if m.role == "user"]
+            if len(firsts) < 2:
+                break
+            messages = messages[firsts[1] :]
+            dropped += 1
+            ids = self.prompt_ids(request.system_prompt, messages)
+        if len(ids) >= cap:
+            raise NpuchatError(
+                f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "
+                f"holds {cap}; shorten it or start a new conversation"
+            )
+        return ids, dropped
+
+    # ------------------------------------------------------------------ KV reuse
+
+    def _reuse(self, ids: list[int]) -> tuple[int, str]:
+        """Put the longest available prefix of `ids` in the cache; (reused tokens, source)."""
+        limit = len(ids) - 1  # the last prompt token is always run: its logits start the reply
+        lcp = min(common_prefix_len(self._tokens, ids), limit)
+        if lcp < len(self._tokens) and len(self._tokens) > lcp + 16:
+            # switching away from a longer state: keep it for when the user comes back
+            self.prefixes.put(self._tokens, self.model.kv_export)
+        hit = self.prefixes.lookup(ids, limit)
+        if hit is not None and hit.length > lcp:
+            self.model.rollback(0)
+            self.model.kv_import(hit.snapshot, 0)
+            self._tokens = ids[: hit.length]
+            return hit.length, hit.source
+        self.model.rollback(lcp)
+        self._tokens = ids[:lcp]
+        return lcp, "cache"
+
+    def _remember_system(self, system: str, ids: list[int]) -> None:
+        prefix = self.system_prefix(system)
+        if prefix and ids[: len(prefix)] == prefix and len(self._tokens) >= len(prefix):
+            self.prefixes.put(prefix, self.model.kv_export, pinned=True)
+            self.prefixes.persist(prefix, self.model.kv_export)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(
+        self,
+        request: ChatRequest,
+        cancel: threading.Event,
+        *,
+        sampling: SamplingParams | None = None,
+    ) -> Iterator[Event]:
+        if not self._lock.acquire(blocking=False):
+            yield Failed("a reply is already being generated; wait for it or stop it first")
+            return
+        try:
+            yield from self._generate(request, cancel, sampling)
+        except NpuchatError as exc:
+            yield Failed(str(exc))
+        except Exception as exc:  # a bug: keep the traceback in the log, not on screen
+            log.exception("generation failed")
+            yield Failed(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._tokens = self._tokens[: self.model.n_past]
+            self._lock.release()
+
+    def complete(
+        self, ids: Sequence[int], sampling: SamplingParams, cancel: threading.Event
+    ) -> Iterator[Event]:
+        """Continue raw prompt ids (no chat template): `npuchat run --raw`, benchmarks."""
+        ids = list(ids)
+        if not ids:
+            yield Failed("the prompt is empty")
+            return
+        if len(ids) >= self.model.max_capacity:
+            yield Failed(
+                f"the prompt is {len(ids)} tokens and {self._name} holds "
+                f"{self.model.max_capacity}; shorten it"
+            )
+            return
+        yield from self.generate(ids, cancel, sampling=sampling)  # type: ignore[arg-type]
+
+    def _generate(
+        self,
+        request: ChatRequest | list[int],
+        cancel: threading.Event,
+        sampling: SamplingParams | None = None,
+    ) -> Iterator[Event]:
+        clock = self._clock
+        t_request = clock()
+        if isinstance(request, ChatRequest):
+            params = request.sampling
+            system = request.system_prompt
+            ids, dropped = self._fit(request)
+            if dropped:
+                yield Notice(
+                    f"dropped {dropped} oldest turn{'s' * (dropped != 1)} to fit "
+                    f"{self.model.max_capacity} tokens",
+                    "warning",
+                )
+            if self.template.warning:
+                yield Notice(self.template.warning, "warning")
+        else:
+            assert sampling is not None
+            params, system, ids = sampling, None, request
+        reused, _source = self._reuse(ids)
+        for warning in self.prefixes.warnings:
+            yield Notice(warning, "warning")
+        self.prefixes.warnings.clear()
+        model = self.model
+        t_prefill = clock()
+        logits = model.prefill(ids[reused:])
+        prefill_s = clock() - t_prefill
+        self._tokens = list(ids)
+        if system is not None:
+            self._remember_system(system, ids)
+
+        base = Metrics(
+            prefill_tokens=len(ids) - reused,
+            prefill_tps=(len(ids) - reused) / prefill_s if prefill_s > 0 else 0.0,
+            reused_tokens=reused,
+            kv_max_capacity=model.max_capacity,
+            model=self._name,
+            device=self._device,
+        )
+        sampler = Sampler(params, ids)
+        detok = self.tokenizer.detokenizer()
+        stops = _StopMatcher(params.stop)
+        generated = 0
+        t_first = 0.0
+        last_emit = 0.0
+        metrics = base
+
+        def current(now: float) -> Metrics:
+            decode_s = now - t_first
+            return replace(
+                base,
+                ttft_s=t_first - t_request,
+                decode_tokens=max(0, generated - 1),
+                decode_tps=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+                kv_used=model.n_past,
+                kv_capacity=model.capacity,
+            )
+
+        stop: StopReason | None = None
+        while True:
+            token = sampler.sample(logits)
+            generated += 1
+            now = clock()
+            if generated == 1:
+                t_first = now
+            if token in self.stop_ids:
+                stop = "eos"
+                break
+            text, hit = stops.feed(detok.push(token))
+            yield TokenDelta(text, (token,))
+            if hit:
+                stop = "stop_string"
+                break
+            if generated >= params.max_tokens:
+                stop = "max_tokens"
+                break
+            if model.n_past + 1 > model.max_capacity:
+                stop = "length"
+                break
+            if now - last_emit >= METRICS_INTERVAL_S:
+                last_emit = now
+                yield MetricsUpdate(current(now))
+            if cancel.is_set():
+                break
+            logits = model.decode(token)
+            self._tokens.append(token)
+        tail = stops.flush() + detok.flush() if stop != "stop_string" else ""
+        if tail:
+            yield TokenDelta(tail)
+        metrics = current(clock())
+        yield MetricsUpdate(metrics)
+        if stop is None:
+            yield Cancelled(metrics)
+        else:
+            yield Finished(stop, metrics)

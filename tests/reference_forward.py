@@ -1,0 +1,193 @@
+"""An independent, plain-numpy forward pass over a GGUF file: the numerics oracle for the engine.
+
+Written from the math of the three supported architectures, not from any graph builder, so that
+graphs built by the engine can be checked against it on synthetic models. It is in turn checked
+against llama.cpp's own log-probabilities on the real models (tests/test_reference_forward.py).
+
+Conventions taken from llama.cpp (verified in its source):
+- `llama_model_rope_type`: LLAMA uses "normal" RoPE (rotate consecutive pairs x[2i], x[2i+1];
+  convert_hf_to_gguf permutes q/k rows so this equals HF's rotate-half); QWEN2 and PHI3 use NEOX
+  RoPE (rotate x[i] with x[i + n_rot/2]). Dims past `rope.dimension_count` are not rotated.
+- GQA: query head h reads KV head h // (n_heads / n_kv_heads).
+- Phi-3's fused `attn_qkv` rows are [q; k; v]; its fused `ffn_up` rows are [gate; up], and
+  llama.cpp's swiglu computes silu(first half) * second half.
+- GGUF stores a [out, in] matrix with GGML shape (in, out): numpy shape is the reverse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf.quants import dequantize
+
+from npuchat.engine.gguf_reader import GGUFFile, ModelConfig
+
+__all__ = ["ROPE_NEOX_ARCHS", "ReferenceModel", "log_softmax"]
+
+ROPE_NEOX_ARCHS = frozenset({"qwen2", "phi3"})
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+class ReferenceModel:
+    """`ReferenceModel(path).logits(token_ids)` -> [len(token_ids), vocab] logits, all positions.
+
+    `dtype` is the compute precision (float64 by default; float32 halves the memory for the real
+    models). With `cache_weights=False` each forward dequantizes the tensors it needs again, which
+    keeps a 0.5B model's memory at one layer's worth. `rope_neox` overrides the per-arch RoPE
+    pairing (tests use it as a negative control: the wrong pairing must visibly fail).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        dtype: type[np.floating] = np.float64,
+        cache_weights: bool = True,
+        rope_neox: bool | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self._gguf = GGUFFile(self.path)
+        self.config: ModelConfig = self._gguf.config
+        if self.config.rope_scaling.type not in ("none", "linear"):
+            raise NotImplementedError(
+                f"reference RoPE has no {self.config.rope_scaling.type!r} scaling"
+            )
+        self._cache: dict[str, np.ndarray] | None = {} if cache_weights else None
+        self.rope_neox = self.config.arch in ROPE_NEOX_ARCHS if rope_neox is None else rope_neox
+
+    def close(self) -> None:
+        self._cache = {} if self._cache is not None else None
+        self._gguf.close()
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Dequantized tensor in numpy order (reversed GGML dims), in the compute dtype."""
+        if self._cache is not None and name in self._cache:
+            return self._cache[name]
+        info = self._gguf.tensors[name]
+        flat = dequantize(self._gguf.raw(name), info.ggml_type)
+        out = np.asarray(flat, dtype=self.dtype).reshape(tuple(reversed(info.shape)))
+        if self._cache is not None:
+            self._cache[name] = out
+        return out
+
+    def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Selected rows of a 2-D tensor, dequantizing only those rows (embedding lookup)."""
+        if self._cache is not None and name in self._cache:
+            return self._cache[name][ids]
+        info = self._gguf.tensors[name]
+        n_rows = info.shape[1]
+        raw = self._gguf.raw(name).reshape(n_rows, -1)[ids]
+        flat = dequantize(np.ascontiguousarray(raw), info.ggml_type)
+        return np.asarray(flat, dtype=self.dtype).reshape(ids.size, info.shape[0])
+
+    def has(self, name: str) -> bool:
+        return name in self._gguf.tensors
+
+    # ------------------------------------------------------------------ building blocks
+
+    def _rms_norm(self, x: np.ndarray, weight_name: str) -> np.ndarray:
+        eps = self.config.rms_eps
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * self.tensor(weight_name)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Rotate x [heads, seq, head_dim] by position; first rope_dim dims only."""
+        c = self.config
+        n_rot = c.rope_dim
+        pos = positions.astype(np.float64)
+        if c.rope_scaling.type == "linear":
+            pos = pos / c.rope_scaling.factor
+        inv_freq = c.rope_theta ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        angle = pos[:, None] * inv_freq[None, :]  # [seq, n_rot/2]
+        cos = np.cos(angle).astype(self.dtype)
+        sin = np.sin(angle).astype(self.dtype)
+        out = x.copy()
+        if self.rope_neox:
+            a, b = x[..., : n_rot // 2], x[..., n_rot // 2 : n_rot]
+            out[..., : n_rot // 2] = a * cos - b * sin
+            out[..., n_rot // 2 : n_rot] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            out[..., 0:n_rot:2] = a * cos - b * sin
+            out[..., 1:n_rot:2] = a * sin + b * cos
+        return out
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = x @ self.tensor(f"{name}.weight").T
+        if self.has(f"{name}.bias"):
+            y = y + self.tensor(f"{name}.bias")
+        return y
+
+    def _attention(self, x: np.ndarray, layer: int, positions: np.ndarray) -> np.ndarray:
+        c = self.config
+        p = f"blk.{layer}."
+        seq, hd = x.shape[0], c.head_dim
+        q_dim, kv_dim = c.n_heads * hd, c.n_kv_heads * hd
+        if c.fused_qkv:
+            qkv = self._linear(x, p + "attn_qkv")
+            q, k, v = (
+                qkv[:, :q_dim],
+                qkv[:, q_dim : q_dim + kv_dim],
+                qkv[:, q_dim + kv_dim : q_dim + 2 * kv_dim],
+            )
+        else:
+            q = self._linear(x, p + "attn_q")
+            k = self._linear(x, p + "attn_k")
+            v = self._linear(x, p + "attn_v")
+        q = q.reshape(seq, c.n_heads, hd).transpose(1, 0, 2)
+        k = k.reshape(seq, c.n_kv_heads, hd).transpose(1, 0, 2)
+        v = v.reshape(seq, c.n_kv_heads, hd).transpose(1, 0, 2)
+        q = self.rope(q, positions)
+        k = self.rope(k, positions)
+        group = c.n_heads // c.n_kv_heads
+        k = np.repeat(k, group, axis=0)  # head h -> kv head h // group
+        v = np.repeat(v, group, axis=0)
+        scores = (q @ k.transpose(0, 2, 1)) / np.sqrt(hd)
+        causal = np.triu(np.ones((seq, seq), dtype=bool), k=1)
+        scores = np.where(causal[None], -np.inf, scores)
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = (probs @ v).transpose(1, 0, 2).reshape(seq, q_dim)
+        return self._linear(out, p + "attn_output")
+
+    def _mlp(self, x: np.ndarray, layer: int) -> np.ndarray:
+        p = f"blk.{layer}."
+        if self.config.fused_gate_up:
+            gate_up = self._linear(x, p + "ffn_up")
+            half = gate_up.shape[-1] // 2
+            gate, up = gate_up[:, :half], gate_up[:, half:]
+        else:
+            gate = self._linear(x, p + "ffn_gate")
+            up = self._linear(x, p + "ffn_up")
+        silu = gate / (1.0 + np.exp(-gate))
+        return self._linear(silu * up, p + "ffn_down")
+
+    # ------------------------------------------------------------------ the model
+
+    def hidden_states(self, token_ids: np.ndarray | list[int]) -> np.ndarray:
+        """Final-norm hidden states [seq, d_model] for the tokens at positions 0..seq-1."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError("token_ids must be a non-empty 1-D sequence")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError("token id out of the vocabulary")
+        positions = np.arange(ids.size)
+        x = self.rows("token_embd.weight", ids)
+        for layer in range(self.config.n_layers):
+            h = self._rms_norm(x, f"blk.{layer}.attn_norm.weight")
+            x = x + self._attention(h, layer, positions)
+            h = self._rms_norm(x, f"blk.{layer}.ffn_norm.weight")
+            x = x + self._mlp(h, layer)
+        return self._rms_norm(x, "output_norm.weight")
+
+    def logits(self, token_ids: np.ndarray | list[int]) -> np.ndarray:
+        """Logits [seq, vocab] at every position (teacher-forced, causal)."""
+        h = self.hidden_states(token_ids)
+        head = "token_embd.weight" if self.config.tied_embeddings else "output.weight"
+        return h @ self.tensor(head).T

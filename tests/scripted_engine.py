@@ -1,0 +1,234 @@
+"""A ChatEngine that plays back scripted replies, for UI tests that need no model.
+
+It follows the `npuchat.engine.events.ChatEngine` contract exactly: events for one reply, ending
+in exactly one terminal event; the cancel Event is honoured between steps (and while held at a
+`hold_at` step), and the partial metrics go out with `Cancelled`. The metrics it reports are a
+deterministic function of the request and the step, so snapshots are stable, and it records
+every request so tests can check what the UI sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from textual.pilot import Pilot
+
+from npuchat.app.settings import Settings
+from npuchat.app.store import ConversationStore
+from npuchat.app.tui.app import NpuchatApp
+from npuchat.app.tui.chat_screen import ChatScreen
+from npuchat.app.tui.message_list import AssistantMessage
+from npuchat.engine.events import (
+    Cancelled,
+    ChatRequest,
+    Event,
+    Failed,
+    Finished,
+    Metrics,
+    MetricsUpdate,
+    Notice,
+    StopReason,
+    TokenDelta,
+)
+
+
+@dataclass
+class ScriptedReply:
+    """One reply: text chunks (one "token" each), optionally slowed, held or failing.
+
+    - delay_s: sleep before each chunk (the real engine's per-token time).
+    - hold_at: stop before chunk `hold_at` until `release` is set (or cancel is); lets a test
+      look at the UI mid-stream deterministically.
+    - notices: emitted before the first chunk.
+    - fail: after the chunks, end with Failed(fail) instead of Finished.
+    """
+
+    chunks: Sequence[str]
+    delay_s: float = 0.0
+    hold_at: int | None = None
+    notices: Sequence[Notice] = ()
+    fail: str | None = None
+    stop_reason: StopReason = "eos"
+    release: threading.Event = field(default_factory=threading.Event)
+    reached_hold: threading.Event = field(default_factory=threading.Event)
+
+
+ReplySource = Sequence[ScriptedReply] | Callable[[ChatRequest], ScriptedReply]
+
+
+class ScriptedEngine:
+    """Replies come from a list (in order; then "Reply N.") or from a function of the request."""
+
+    def __init__(
+        self,
+        replies: ReplySource = (),
+        *,
+        model_name: str = "scripted-1b",
+        draft_name: str = "scripted-draft",
+        device: str = "cpu",
+        kv_capacity: int = 1024,
+    ) -> None:
+        self._replies = replies
+        self._model = model_name
+        self._draft = draft_name
+        self._device = device
+        self._kv_capacity = kv_capacity
+        self.requests: list[ChatRequest] = []
+        self.cancelled = 0
+        self.closed = False
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def draft_name(self) -> str:
+        return self._draft
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    def close(self) -> None:
+        """Like ChatSession.close(): the app calls it on an engine it replaces."""
+        self.closed = True
+
+    def _next_reply(self, request: ChatRequest) -> ScriptedReply:
+        if callable(self._replies):
+            return self._replies(request)
+        index = len(self.requests) - 1
+        if index < len(self._replies):
+            return self._replies[index]
+        return ScriptedReply([f"Reply {index + 1}."])
+
+    def metrics_at(self, request: ChatRequest, step: int) -> Metrics:
+        """Figures after `step` chunks: prompt size from the request, a decode rate that
+        varies with the step (so a sparkline has a shape), speculative counters."""
+        prompt = len(request.system_prompt) + sum(len(m.content) for m in request.messages)
+        prompt_tokens = max(1, prompt // 4)
+        reused = prompt_tokens // 2 if len(request.messages) > 1 else 0
+        decode_tokens = max(0, step - 1)
+        return Metrics(
+            ttft_s=0.25,
+            prefill_tokens=prompt_tokens - reused,
+            prefill_tps=400.0,
+            reused_tokens=reused,
+            decode_tokens=decode_tokens,
+            decode_tps=20.0 + 5.0 * (step % 4) if decode_tokens else 0.0,
+            kv_used=min(self._kv_capacity, prompt_tokens + step),
+            kv_capacity=self._kv_capacity,
+            kv_max_capacity=4 * self._kv_capacity,
+            drafted=4 * decode_tokens,
+            accepted=3 * decode_tokens,
+            mean_accepted_len=3.0 if decode_tokens else 0.0,
+            draft_k=4,
+            model=self._model,
+            draft=self._draft,
+            device=self._device,
+        )
+
+    def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
+        self.requests.append(request)
+        reply = self._next_reply(request)
+        yield from reply.notices
+        metrics = self.metrics_at(request, 0)
+        for step, chunk in enumerate(reply.chunks):
+            if reply.hold_at is not None and step == reply.hold_at:
+                reply.reached_hold.set()
+                while not reply.release.wait(0.01):
+                    if cancel.is_set():
+                        break
+            if reply.delay_s:
+                time.sleep(reply.delay_s)
+            if cancel.is_set():
+                self.cancelled += 1
+                yield Cancelled(metrics)
+                return
+            yield TokenDelta(chunk)
+            metrics = self.metrics_at(request, step + 1)
+            yield MetricsUpdate(metrics)
+        if reply.fail is not None:
+            yield Failed(reply.fail)
+            return
+        yield Finished(reply.stop_reason, metrics)
+
+
+def instant_loader(engine: ScriptedEngine) -> Callable[..., ScriptedEngine]:
+    """An EngineLoader that reports two stages and returns `engine` at once."""
+
+    def load(spec: object, progress: Callable[[str, float], None]) -> ScriptedEngine:
+        progress("Loading scripted model", 0.5)
+        progress("Ready", 1.0)
+        return engine
+
+    return load
+
+
+# ---- harness for pilot and snapshot tests -----------------------------------------------------
+
+FIXED_NOW = datetime(2026, 3, 14, 15, 9, 26, tzinfo=UTC)
+
+
+class StepClock:
+    """Deterministic clock for the store: starts at FIXED_NOW, one second later per reading."""
+
+    def __init__(self, start: datetime = FIXED_NOW) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(seconds=1)
+        return self.now
+
+
+def make_app(
+    engine: ScriptedEngine | None,
+    store: ConversationStore,
+    *,
+    settings: Settings | None = None,
+    config_path: Path | None = None,
+    loader: Callable[..., ScriptedEngine] | None = None,
+) -> NpuchatApp:
+    """An app over a scripted engine (or any `loader`), fixed clock, no cursor blink."""
+    if loader is None:
+        assert engine is not None, "give an engine or a loader"
+        loader = instant_loader(engine)
+    return NpuchatApp(
+        settings or Settings(cursor_blink=False),
+        store,
+        loader,
+        config_path=config_path,
+        clock=lambda: FIXED_NOW,
+    )
+
+
+async def wait_until(
+    pilot: Pilot[None], condition: Callable[[], bool], what: str, timeout: float = 10.0
+) -> None:
+    """Let the app run until `condition()` holds; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def wait_for_chat(pilot: Pilot[None]) -> ChatScreen:
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, ChatScreen), "the chat screen")
+    screen = pilot.app.screen
+    assert isinstance(screen, ChatScreen)
+    await pilot.pause()
+    return screen
+
+
+def reply_settled(screen: ChatScreen, count: int) -> Callable[[], bool]:
+    """True once `count` assistant replies exist on screen and none is generating."""
+
+    def settled() -> bool:
+        return screen.generating is False and len(screen.query(AssistantMessage)) == count
+
+    return settled

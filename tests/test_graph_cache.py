@@ -1,0 +1,109 @@
+"""The compile-once cache: a second start reuses the built graphs; damage or a new key rebuilds."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic import synthetic_gguf  # noqa: F401  (fixture)
+
+from npuchat.engine import runtime
+from npuchat.engine.model import Model
+
+IDS = [3, 14, 15, 92, 65, 35]
+
+
+def _load(path: Path, cache: Path, **kw) -> Model:
+    return Model.load(path, cache_dir=cache, prefill_chunk=8, capacities=[32], **kw)
+
+
+def _snapshot(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+
+def _run(model: Model) -> np.ndarray:
+    with model:
+        return model.prefill(IDS)
+
+
+@pytest.fixture
+def gguf(synthetic_gguf) -> Path:  # noqa: F811
+    return synthetic_gguf("phi3", "q4_0")
+
+
+def test_second_start_does_not_rebuild(gguf: Path, tmp_path: Path) -> None:
+    first = _load(gguf, tmp_path)
+    folder = first.graph_dir
+    assert first.graph_builds == 1
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "decoder.onnx",
+        "manifest.json",
+        "weights.bin",
+    ]
+    logits = _run(first)
+    before = _snapshot(folder)
+    second = _load(gguf, tmp_path)
+    assert second.graph_builds == 0 and second.graph_dir == folder
+    assert _snapshot(folder) == before  # nothing rewritten
+    np.testing.assert_array_equal(_run(second), logits)
+    assert [p.name for p in (tmp_path / "graphs").iterdir()] == [folder.name]  # no leftovers
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "manifest"])
+def test_damaged_cache_is_rebuilt_not_run(gguf: Path, tmp_path: Path, damage: str) -> None:
+    first = _load(gguf, tmp_path)
+    folder = first.graph_dir
+    logits = _run(first)
+    weights = folder / "weights.bin"
+    if damage == "truncate":
+        with open(weights, "r+b") as f:
+            f.truncate(weights.stat().st_size // 2)
+    elif damage == "flip":  # same size, one byte changed inside a weight
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif damage == "delete":
+        (folder / "decoder.onnx").unlink()
+    else:
+        (folder / "manifest.json").write_text("{not json")
+    second = _load(gguf, tmp_path)
+    assert second.graph_builds == 1
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["files"]["weights.bin"]["size"] == weights.stat().st_size
+    np.testing.assert_array_equal(_run(second), logits)
+
+
+def test_changed_key_builds_a_new_folder(gguf: Path, tmp_path: Path) -> None:
+    first = _load(gguf, tmp_path)
+    exact = _load(gguf, tmp_path, accuracy_level=0)
+    assert exact.graph_builds == 1 and exact.graph_dir != first.graph_dir
+    first.close()
+    exact.close()
+    key = runtime.cache_key("a" * 64, "specs", "v1", "cpu", {})
+    assert key != runtime.cache_key("b" * 64, "specs", "v1", "cpu", {})
+    assert key != runtime.cache_key("a" * 64, "specs", "v2", "cpu", {})
+    assert key != runtime.cache_key("a" * 64, "specs", "v1", "cpu", {"htp": 1})
+
+
+def test_model_hash_sidecar_skips_rehashing(
+    gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Path] = []
+    real = runtime.file_sha256
+
+    def counting(path: Path) -> str:
+        calls.append(Path(path))
+        return real(path)
+
+    monkeypatch.setattr(runtime, "file_sha256", counting)
+    digest = runtime.model_sha256(gguf, tmp_path)
+    assert digest == real(gguf) and calls == [gguf.resolve()]
+    assert runtime.model_sha256(gguf, tmp_path) == digest
+    assert len(calls) == 1  # served by the sidecar
+    st = gguf.stat()
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # "replaced" file
+    assert runtime.model_sha256(gguf, tmp_path) == digest
+    assert len(calls) == 2

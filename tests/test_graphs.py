@@ -1,0 +1,97 @@
+"""Engine graphs vs the independent numpy forward pass, on synthetic models of every arch and type.
+
+One scripted run per model walks the cache through every regime the issue names: a prefill
+shorter than the chunk P, decode, verify, a rollback, a prefill of exactly P, a chunked prefill
+longer than P that also moves the cache to the next capacity, and decode up to the last slot of
+the largest capacity. Every logits row is compared with `ReferenceModel` on the same tokens
+(causal, so one reference pass over the whole script's sequence serves every row).
+
+Tolerances, relative to the largest |logit| of the reference:
+* `accuracy_level=0` (float activations): the graphs compute the GGUF weights exactly, so only
+  float32 rounding remains (measured ≤ 1.1e-6): 1e-5. Q6_K is the exception: its 16-value
+  sub-blocks are requantized to 8-bit blocks of 32 (error ≤ half an int8 step per weight),
+  measured ≤ 1.7e-2: 3e-2.
+* `accuracy_level=4` (int8 activations per block of 32, the fast path, as llama.cpp's Q8
+  activations): the rounding of every activation block adds ~1/254 relative noise per matmul
+  input; measured 1.3e-2 to 2.5e-2 over these models: 4e-2. Float weights (f32, f16) take a
+  float MatMul and stay at the exact tolerance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from reference_forward import ReferenceModel
+from synthetic import ARCHS, TENSOR_TYPES, synthetic_gguf  # noqa: F401  (fixture)
+
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.model import Model
+
+P = 16
+CAPS = [32, 64]
+
+
+def tolerance(type_name: str, accuracy_level: int) -> float:
+    if type_name == "q6_k":
+        return 4e-2 if accuracy_level == 4 else 3e-2
+    if accuracy_level == 4 and type_name not in ("f32", "f16"):
+        return 4e-2
+    return 1e-5
+
+
+def scripted_run(model: Model, seq: list[int]) -> dict[int, np.ndarray]:
+    """Drive the model through every cache regime; {position: logits row}."""
+    rows: dict[int, np.ndarray] = {}
+    rows[9] = model.prefill(seq[0:10])  # shorter than P
+    assert model.n_past == 10 and model.capacity == 32
+    rows[10] = model.decode(seq[10])
+    rows[11] = model.decode(seq[11])
+    for j, row in enumerate(model.verify(seq[12:17])):
+        rows[12 + j] = row
+    model.rollback(14)  # reject the last three verified tokens, then feed them again
+    rows[29] = model.prefill(seq[14:30])  # exactly P
+    rows[54] = model.prefill(seq[30:55])  # longer than P: two chunks, and 32 -> 64
+    assert model.capacity == 64
+    for j, row in enumerate(model.verify(seq[55:60])):
+        rows[55 + j] = row
+    for pos in range(60, 64):  # up to the last slot
+        rows[pos] = model.decode(seq[pos])
+    assert model.n_past == 64
+    with pytest.raises(NpuchatError, match="context is full"):
+        model.decode(seq[0])
+    assert model.n_past == 64
+    return rows
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+@pytest.mark.parametrize("type_name", TENSOR_TYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_reference(
+    synthetic_gguf,  # noqa: F811
+    tmp_path: Path,
+    arch: str,
+    type_name: str,
+    accuracy_level: int,
+) -> None:
+    path = synthetic_gguf(arch, type_name)
+    ref = ReferenceModel(path)
+    vocab = ref.config.vocab_size
+    seq = [int(t) for t in np.random.default_rng(7).integers(0, vocab, 64)]
+    expect = ref.logits(seq)
+    scale = float(np.abs(expect).max())
+    with Model.load(
+        path,
+        cache_dir=tmp_path,
+        prefill_chunk=P,
+        verify_k=4,
+        capacities=CAPS,
+        accuracy_level=accuracy_level,
+    ) as model:
+        rows = scripted_run(model, seq)
+    tol = tolerance(type_name, accuracy_level)
+    for pos, row in rows.items():
+        assert row.shape == (vocab,) and row.dtype == np.float32
+        err = float(np.abs(row - expect[pos]).max()) / scale
+        assert err <= tol, f"position {pos}: max|diff|/max|logit| = {err:.2e} > {tol:.0e}"

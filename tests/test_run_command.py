@@ -1,0 +1,103 @@
+"""`npuchat run` end to end on an imported synthetic model: streaming text, JSON lines,
+raw prompts, saved conversations and errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from synthetic import write_synthetic_gguf
+
+from npuchat.app.cli import main
+from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.tokenizer import Tokenizer
+
+
+@pytest.fixture()
+def syn(isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
+    assert main(["import", str(path), "--name", "syn"]) == 0
+    capsys.readouterr()
+    return path
+
+
+def _json_lines(out: str) -> tuple[list[dict], dict]:
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return rows[:-1], rows[-1]
+
+
+def test_json_lines_tokens_then_metrics(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--model", "syn", "-p", "hello world", "-n", "7", "--json", "-t", "0"])
+    assert rc == 0
+    tokens, last = _json_lines(capsys.readouterr().out)
+    m = last["metrics"]
+    for key in ("ttft_s", "prefill_tokens", "prefill_tps", "decode_tokens", "decode_tps"):
+        assert m[key] > 0, key
+    assert m["kv_used"] == m["prefill_tokens"] + len(tokens) - 1
+    assert m["kv_capacity"] >= m["kv_used"]
+    assert last["stop"] in ("max_tokens", "eos")
+    with GGUFFile(syn) as g:
+        tok = Tokenizer.from_gguf(g)
+    text = "".join(t["text"] for t in tokens)
+    ids = [t["id"] for t in tokens]
+    stop_ids = set(tok.eot_ids)
+    assert tok.decode([i for i in ids if i not in stop_ids]) == text
+
+
+def test_plain_output_matches_json_text(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "--model", "syn", "-p", "the fox", "-n", "6", "-t", "0"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    tokens, _ = _json_lines(capsys.readouterr().out)
+    assert plain.rstrip("\n") == "".join(t["text"] for t in tokens).rstrip("\n")
+
+
+def test_raw_prompt_skips_the_template(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--model", "syn", "-p", "hello world", "-n", "2", "--raw", "--json"]) == 0
+    _, last = _json_lines(capsys.readouterr().out)
+    with GGUFFile(syn) as g:
+        n = len(Tokenizer.from_gguf(g).encode("hello world", parse_special=True))
+    assert last["metrics"]["prefill_tokens"] + last["metrics"]["reused_tokens"] == n
+
+
+def test_saved_conversation_continues_and_reuses_system_prefix(
+    syn: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["run", "--model", "syn", "-n", "3", "-t", "0", "--json", "--system", "Be brief."]
+    assert main([*base, "-p", "hello", "--conversation", "new"]) == 0
+    captured = capsys.readouterr()
+    conv_id = captured.err.split("conversation ")[1].split()[0]
+    _, first = _json_lines(captured.out)
+    assert first["metrics"]["reused_tokens"] == 0
+    assert main([*base, "-p", "the fox", "--conversation", conv_id]) == 0
+    _, second = _json_lines(capsys.readouterr().out)
+    # a new process would find the system prefix on disk; here it is the same cache folder
+    assert second["metrics"]["reused_tokens"] > 0
+
+    from npuchat.app.store import ConversationStore
+    from npuchat.engine.paths import Paths
+
+    store = ConversationStore.open(Paths.from_env().database_file)
+    roles = [m.role for m in store.messages(conv_id)]
+    store.close()
+    assert roles == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "--model", "syn", "-p", "  "], "the prompt is empty"),
+        (["run", "--model", "syn", "-p", "x", "--draft", "qwen2.5-coder-0.5b"], "--draft none"),
+        (["run", "--model", "syn", "-p", "x", "--system-file", "/no/file"], "--system-file"),
+        (["run", "--model", "syn", "-p", "x", "--conversation", "nope"], "does not exist"),
+        (["run", "--model", "missing", "-p", "x"], "unknown model 'missing'"),
+    ],
+)
+def test_run_errors(
+    syn: Path, args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err

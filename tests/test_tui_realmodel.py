@@ -1,0 +1,70 @@
+"""End to end: the app over the real engine (SmolLM2-135M on the CPU), driven by the pilot."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from scripted_engine import StepClock, make_app, reply_settled, wait_for_chat, wait_until
+from textual.widgets import Input, Label
+
+from npuchat.app.engine_port import EngineSpec
+from npuchat.app.settings import Settings
+from npuchat.app.store import ConversationStore
+from npuchat.app.tui.composer import Composer
+from npuchat.app.tui.message_list import AssistantMessage
+from npuchat.app.tui.settings_modal import SettingsScreen
+from npuchat.engine.events import ChatEngine
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_real_engine_reply_and_metrics(real_gguf: Callable[[str], Path], tmp_path: Path) -> None:
+    from npuchat.engine.session import ChatSession
+
+    model_path = real_gguf("smollm2-135m")
+    specs: list[EngineSpec] = []
+
+    def loader(spec: EngineSpec, progress: Callable[[str, float], None]) -> ChatEngine:
+        specs.append(spec)
+        return ChatSession.open(
+            model_path, name=spec.model, cache_dir=tmp_path / "cache", device="cpu",
+            progress=progress,
+        )  # fmt: skip
+
+    settings = Settings(model="smollm2-135m", draft="none", device="cpu", cursor_blink=False)
+    store = ConversationStore.open(tmp_path / "db.sqlite3", clock=StepClock())
+    app = make_app(None, store, settings=settings, loader=loader)
+
+    def panel(row: str) -> str:
+        return str(app.screen.query_one(f"#m-{row}", Label).render())
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await wait_for_chat(pilot)
+            await pilot.press("ctrl+s")
+            await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), "settings")
+            app.screen.query_one("#max_tokens", Input).value = "24"
+            app.screen.query_one("#temperature", Input).value = "0"
+            await pilot.click("#save")
+            await wait_until(pilot, lambda: app.screen is screen, "settings closed")
+            composer = screen.query_one(Composer)
+            composer.text = "What is the capital of France?"
+            await pilot.press("enter")
+            await wait_until(pilot, reply_settled(screen, 1), "the real reply", timeout=300)
+            reply = screen.query_one(AssistantMessage)
+            assert reply.status == "complete", reply.error
+            assert reply.content.strip()
+            assert panel("ttft") not in ("–", "")
+            assert "tok/s" in panel("decode") and not panel("decode").startswith("0 tok")
+            assert reply.metrics is not None
+            assert reply.metrics.ttft_s > 0 and reply.metrics.decode_tps > 0
+            assert panel("device") == "cpu"
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    assert specs == [EngineSpec("smollm2-135m", "none", "cpu")]
