@@ -139,13 +139,20 @@ def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -
         raise NpuchatError(f"no such file: {path}; give the path of a .gguf file")
     name = check_name(name or _default_name(path))
     existing = ctx.catalog.entries.get(name)
-    if existing is not None and existing.builtin:
-        raise NpuchatError(f"{name!r} is a built-in model name; choose another with --name")
+    builtin = existing if existing is not None and existing.builtin else None
     info = describe_gguf(path)  # validates the file and its architecture before hashing
+    if builtin is not None and info["arch"] != builtin.arch:
+        raise NpuchatError(
+            f"{name!r} is a built-in {builtin.arch} model and this file is {info['arch']}; "
+            "choose another --name"
+        )
     with console.status(f"hashing {path.name}…"):
         sha = sha256_file(path)
-    config = read_toml(ctx.paths.config_file)
-    config.setdefault("models", {})[name] = {
+    if builtin is not None and builtin.sha256 and sha != builtin.sha256:
+        raise NpuchatError(
+            f"{path.name} is not the catalog's {name} (sha256 differs); choose another --name"
+        )
+    entry: dict[str, object] = {
         "path": str(path),
         "arch": info["arch"],
         "params": info["params"],
@@ -153,6 +160,12 @@ def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -
         "size": path.stat().st_size,
         "sha256": sha,
     }
+    if builtin is not None:  # a hand-fetched catalog model keeps its catalog pairing
+        entry["params"] = builtin.params or info["params"]
+        if builtin.default_draft:
+            entry["default_draft"] = builtin.default_draft
+    config = read_toml(ctx.paths.config_file)
+    config.setdefault("models", {})[name] = entry
     write_toml(ctx.paths.config_file, config)
     console.print(
         f"imported {name} ({info['arch']}, {info['params']}) from {path}", highlight=False

@@ -169,7 +169,8 @@ def test_import_registers_and_rm_keeps_user_file(
         (["import", "/no/such/file.gguf"], "no such file"),
         (["import", "{bad}", "--name", "x"], "not a GGUF file"),
         (["import", "{unsupported}"], "architecture 'gpt2' is not supported"),
-        (["import", "{good}", "--name", "smollm2-135m"], "built-in model name"),
+        (["import", "{good}", "--name", "smollm2-135m"], "not the catalog's smollm2-135m"),
+        (["import", "{good}", "--name", "phi3-int4"], "built-in phi3 model and this file is llama"),
         (["import", "{good}", "--name", "Bad Name"], "invalid model name"),
         (["pull", "no-such-model"], "unknown model 'no-such-model'"),
         (["tokenize", "--model", "smollm2-135m", "hi"], "run `npuchat pull smollm2-135m`"),
@@ -215,3 +216,28 @@ def _write_unsupported(path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def test_unreachable_url_says_how_to_import_by_hand(
+    isolated_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = isolated_home / "config" / "config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    url = "http://127.0.0.1:9/model.gguf"  # discard port: connection refused at once
+    cfg.write_bytes(tomli_w.dumps({"models": {"hubby": {"arch": "phi3", "url": url}}}).encode())
+    assert main(["pull", "hubby"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert url in err and "npuchat import FILE.gguf --name hubby" in err
+    assert _leftovers(isolated_home) == []
+
+
+def test_hand_fetched_catalog_model_imports_under_its_name(
+    isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_synthetic_gguf(tmp_path / "Phi-3-mini-4k-instruct-q4.gguf", "phi3")
+    assert main(["import", str(src), "--name", "phi3-int4"]) == 0
+    capsys.readouterr()
+    main(["models", "--json"])
+    row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["phi3-int4"]
+    assert row["installed"] is True and row["path"] == str(src.resolve())
