@@ -22,6 +22,12 @@ class Composer(TextArea):
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
 
     def action_submit(self) -> None:
+        # Read the text after keys already queued behind Enter are applied: in a burst (a
+        # terminal without bracketed paste, a script driving the terminal) Enter can be handled
+        # before the characters typed just before it, which would send half the message.
+        self.call_after_refresh(self._submit_now)
+
+    def _submit_now(self) -> None:
         if self.text.strip():
             self.post_message(self.Submitted(self.text))
 
