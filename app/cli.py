@@ -78,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate a reply to one prompt, streamed to stdout")
     add_run_arguments(p)
+
+    from .doctor_command import add_doctor_arguments
+
+    p = sub.add_parser("doctor", help="list devices and versions; show where a model's graphs run")
+    add_doctor_arguments(p)
+
+    from .bench_command import add_bench_arguments
+
+    p = sub.add_parser("bench", help="measure speed, latency and memory (llama-bench style)")
+    add_bench_arguments(p)
     return parser
 
 
@@ -123,6 +133,14 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         from .run_command import cmd_run
 
         return cmd_run(ctx, args)
+    if cmd == "doctor":
+        from .doctor_command import cmd_doctor
+
+        return cmd_doctor(ctx, args, console)
+    if cmd == "bench":
+        from .bench_command import cmd_bench
+
+        return cmd_bench(ctx, args, console)
     raise AssertionError(f"unhandled command {cmd}")
 
 

@@ -6,31 +6,111 @@ names, devices and drafts the same way.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from npuchat.engine import devices
+from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.model import Model, default_capacities
 from npuchat.engine.pull import PullProgress, pull
 from npuchat.engine.session import ChatSession
 
 from .context import AppContext
 from .engine_port import EngineLoader, EngineSpec, ProgressCallback
 
-CPU_ONLY_NOTE = "the NPU device arrives with the NPU issue; use --device cpu or auto"
-
 
 def resolve_device(requested: str) -> str:
-    """`auto` means the CPU until NPU support lands: the x86 HTP simulator is far slower."""
-    if requested in ("", "auto", "cpu"):
-        return "cpu"
-    if requested == "npu":
-        raise NpuchatError(CPU_ONLY_NOTE)
-    raise NpuchatError(f"unknown device {requested!r}; use npu, cpu or auto")
+    """`npu`, `cpu` or `auto` → where the model runs (`auto`: the NPU only on real hardware;
+    the x86 HTP simulator is far slower than the CPU). See `devices.resolve_device`."""
+    return devices.resolve_device(requested)[0]
+
+
+LOOKUP = "lookup"
+VERIFY_K = 8  # widest verify a drafter may ask for; adaptive k picks what pays
+
+
+def parse_draft(draft: str) -> tuple[str | None, bool]:
+    """`--draft` → (draft model name or None, use the lookup drafter).
+
+    "" = the catalog's default draft (if the model has one) plus lookup; "none" = plain decoding;
+    "lookup"; "NAME"; "NAME+lookup". An empty name is "default" ("+lookup" alone = lookup).
+    """
+    text = draft.strip()
+    if text in ("", "default"):
+        return "", True
+    if text == "none":
+        return None, False
+    parts = [p.strip() for p in text.split("+")]
+    lookup = LOOKUP in parts
+    names = [p for p in parts if p and p != LOOKUP]
+    if len(names) > 1 or any(p == "" for p in parts) or "none" in names:
+        raise NpuchatError(
+            f"--draft {draft}: use none, lookup, a model name, or NAME+lookup (one draft model)"
+        )
+    return (names[0] if names else None), lookup
 
 
 def check_draft(draft: str) -> None:
-    """Only plain decoding exists so far; an explicit draft request is refused, not ignored."""
-    if draft not in ("", "none"):
+    """Refuse a malformed `--draft` before anything loads (names are checked when loading)."""
+    parse_draft(draft)
+
+
+def _check_vocab(target: Path, target_name: str, draft: Path, draft_name: str) -> None:
+    """A draft must spell every token id the way the target does, or its guesses mean nothing."""
+    with GGUFFile(target) as t, GGUFFile(draft) as d:
+        same = t.config.vocab_size == d.config.vocab_size and t.metadata.get(
+            "tokenizer.ggml.tokens"
+        ) == d.metadata.get("tokenizer.ggml.tokens")
+    if not same:
         raise NpuchatError(
-            f"--draft {draft}: speculative decoding is not available yet; use --draft none"
+            f"--draft {draft_name}: its vocabulary differs from {target_name}'s, so it cannot "
+            "draft for it; pick a draft of the same family, or use --draft lookup or --draft none"
         )
+
+
+def load_drafters(
+    ctx: AppContext,
+    model_name: str,
+    target: Model,
+    target_path: Path,
+    draft: str,
+    report: ProgressCallback,
+    pull_progress: PullProgress | None = None,
+) -> list[Drafter]:
+    """The drafters `draft` asks for, lookup first (free), then the draft model."""
+    name, lookup = parse_draft(draft)
+    drafters: list[Drafter] = [LookupDrafter()] if lookup else []
+    if name == "":  # the catalog pairing, fetched like the model itself
+        name = ctx.catalog.get(model_name).default_draft
+        if name is None:
+            return drafters
+        path, _ = pull(ctx.catalog, name, progress=pull_progress or _FractionPull(report))
+    elif name is not None:
+        try:
+            path = ctx.catalog.resolve(name)
+        except NpuchatError as exc:
+            raise NpuchatError(
+                f"--draft {name}: {exc}; or use --draft lookup or --draft none"
+            ) from None
+    else:
+        return drafters
+    _check_vocab(target_path, model_name, path, name)
+    report(f"loading draft {name}", 0.0)
+    with GGUFFile(path) as g:
+        ctx_len = min(g.config.context_length, target.max_capacity)
+    dm = Model.load(
+        path,
+        cache_dir=ctx.paths.cache_dir,
+        device=target.device,
+        threads=ctx.settings.threads or None,
+        capacities=default_capacities(ctx_len),
+        progress=report,
+    )
+    drafter = ModelDrafter(dm, name)
+    drafter.calibrate(list(range(16, 32)))
+    drafters.append(drafter)
+    return drafters
 
 
 class _FractionPull:
@@ -64,14 +144,24 @@ def open_engine(
     device = resolve_device(spec.device)
     path, _ = pull(ctx.catalog, spec.model, progress=pull_progress or _FractionPull(report))
     threads = ctx.settings.threads or None
-    return ChatSession.open(
+    session = ChatSession.open(
         path,
         name=spec.model,
         cache_dir=ctx.paths.cache_dir,
         device=device,
         threads=threads,
         progress=report,
+        verify_k=VERIFY_K,
     )
+    try:
+        drafters = load_drafters(
+            ctx, spec.model, session.model, path, spec.draft, report, pull_progress
+        )
+    except BaseException:
+        session.close()
+        raise
+    session.use_drafters(drafters)
+    return session
 
 
 def make_loader(ctx: AppContext) -> EngineLoader:

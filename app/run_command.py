@@ -66,7 +66,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")
     p.add_argument("--verbose", "-v", action="store_true", help="print metrics to stderr")
     p.add_argument("--conversation", help="continue a saved conversation (ID, or 'new')")
-    p.add_argument("--draft", dest="run_draft", default="", help="draft model: none (default)")
+    p.add_argument(
+        "--draft",
+        dest="run_draft",
+        default="",
+        help="speculative drafts: NAME, NAME+lookup, lookup or none "
+        "(default: the model's catalog draft, plus lookup)",
+    )
     p.add_argument("--device", dest="run_device", choices=["npu", "cpu", "auto"])
 
 
@@ -74,6 +80,12 @@ def metrics_dict(m: Metrics) -> dict[str, object]:
     data = asdict(m)
     return {k: data[k] for k in METRIC_FIELDS} | {
         "kv_max_capacity": m.kv_max_capacity,
+        "drafted": m.drafted,
+        "accepted": m.accepted,
+        "mean_accepted_len": m.mean_accepted_len,
+        "draft_k": m.draft_k,
+        "draft_time_share": m.draft_time_share,
+        "draft": m.draft,
         "model": m.model,
         "device": m.device,
     }
@@ -156,7 +168,13 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         print(
             f"\nttft {m.ttft_s:.3f} s · prefill {m.prefill_tokens} tok @ {m.prefill_tps:.1f} tok/s"
             f" (reused {m.reused_tokens}) · decode {m.decode_tokens} tok @ {m.decode_tps:.1f}"
-            f" tok/s · kv {m.kv_used}/{m.kv_capacity}",
+            f" tok/s · kv {m.kv_used}/{m.kv_capacity}"
+            + (
+                f" · draft {m.draft}: {m.accepted}/{m.drafted} accepted"
+                f" ({m.mean_accepted_len:.2f}/round, k {m.draft_k})"
+                if m.draft
+                else ""
+            ),
             file=sys.stderr,
         )
     return 130 if isinstance(final, Cancelled) else 0

@@ -62,10 +62,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from npuchat.engine.model import Model
 
     t0 = time.perf_counter()
-    caps = [256, 1024, 2048] if args.phase == "run" else None
-    model = Model.load(
-        args.model, cache_dir=Path(args.cache_dir), threads=args.threads, capacities=caps
-    )
+    model = Model.load(args.model, cache_dir=Path(args.cache_dir), threads=args.threads)
     load_s = time.perf_counter() - t0
     out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds}
     if args.phase == "cold":

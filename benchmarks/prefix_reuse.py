@@ -6,7 +6,9 @@ Prints cold TTFT, a second conversation sharing the system prompt, the second tu
 conversation (prefill tokens: only the new message), a new process that finds the prefix on
 disk, and a conversation after the process sat idle (this machine pages out idle memory).
 Ratios are to the cold figure of the same run. Uses a private cache folder, so the first
-request is really cold (graphs are built before timing starts).
+request is really cold (graphs are built before timing starts). The requests go through
+`npuchat.engine.bench.ask`, the same code as `npuchat bench`'s prefix-reuse figures; this script
+adds the second turn and the idle case.
 """
 
 from __future__ import annotations
@@ -20,46 +22,31 @@ import threading
 import time
 from pathlib import Path
 
+from npuchat.engine.bench import Reply, ask, system_prompt
 from npuchat.engine.catalog import Catalog
 from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams
 from npuchat.engine.paths import Paths
 from npuchat.engine.pull import pull
 from npuchat.engine.session import ChatSession
 
-PARAGRAPH = (
-    "You are a senior Python reviewer. Prefer small functions with clear names, type hints on "
-    "every public function, docstrings that explain why rather than what, and tests that fail "
-    "when behaviour breaks. Point out hidden state, needless copies and work done on hot paths. "
-)
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+REPLY_TOKENS = 8
 
 
-def system_prompt(session: ChatSession, target: int) -> str:
-    text = ""
-    while len(session.tokenizer.encode(text)) < target:
-        text += PARAGRAPH
-    return text
-
-
-def ask(session: ChatSession, system: str, turns: list[tuple[str, str]]) -> dict[str, float]:
-    msgs = tuple(ChatMessage(r, c) for r, c in turns)  # type: ignore[arg-type]
-    events = list(session.generate(ChatRequest("b", system, msgs, GREEDY), threading.Event()))
-    final = events[-1]
+def second_turn(session: ChatSession, system: str, first: str, reply: str, user: str) -> Reply:
+    """The second turn of a conversation (the one request `bench.ask` does not cover)."""
+    msgs = (ChatMessage("user", first), ChatMessage("assistant", reply), ChatMessage("user", user))
+    request = ChatRequest(
+        "b", system, msgs, SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)
+    )
+    final = list(session.generate(request, threading.Event()))[-1]
     assert isinstance(final, Finished), final
     m = final.metrics
-    reply = "".join(getattr(e, "text", "") for e in events)
-    return {
-        "ttft_s": m.ttft_s,
-        "prefill": m.prefill_tokens,
-        "reused": m.reused_tokens,
-        "reply": reply,
-    }  # type: ignore[dict-item]
+    return Reply([], 0.0, m.ttft_s, m.reused_tokens, m.prefill_tokens, m.decode_tokens, 0.0, 0, 0)
 
 
 def open_session(model: str, cache: Path) -> ChatSession:
     root = Path.home() / ".cache" / "npuchat-test"
-    paths = Paths.from_env()
-    catalog = Catalog.load(paths)
+    catalog = Catalog.load(Paths.from_env())
     try:
         path = catalog.resolve(model)
     except Exception:
@@ -69,7 +56,8 @@ def open_session(model: str, cache: Path) -> ChatSession:
 
 def child(model: str, cache: Path, system: str) -> None:
     s = open_session(model, cache)
-    print(json.dumps(ask(s, system, [("user", "Review: def f(x): return x*2")])))
+    r = ask(s, system, "Review: def f(x): return x*2", REPLY_TOKENS)
+    print(json.dumps({"ttft_s": r.ttft_s, "prefill": r.prefill_tokens, "reused": r.reused_tokens}))
 
 
 def main() -> None:
@@ -86,22 +74,26 @@ def main() -> None:
         return
     cache = Path(tempfile.mkdtemp(prefix="npuchat-bench-"))
     s = open_session(args.model, cache)
-    system = system_prompt(s, args.system_tokens)
-    rows = []
-    cold = ask(s, system, [("user", "Review: def add(a, b): return a+b")])
-    rows.append(("cold (first conversation)", cold))
-    shared = ask(s, system, [("user", "Review: def sub(a, b): return a-b")])
-    rows.append(("second conversation, same system prompt", shared))
-    turn2 = ask(
-        s,
-        system,
-        [
-            ("user", "Review: def sub(a, b): return a-b"),
-            ("assistant", str(shared["reply"])),
-            ("user", "And with type hints?"),
-        ],
+    system = system_prompt(s, args.system_tokens, "prefix-reuse")
+    rows: list[tuple[str, dict[str, float]]] = []
+
+    def row(name: str, r: Reply) -> None:
+        rows.append(
+            (name, {"ttft_s": r.ttft_s, "prefill": r.prefill_tokens, "reused": r.reused_tokens})
+        )
+
+    row(
+        "cold (first conversation)",
+        ask(s, system, "Review: def add(a, b): return a+b", REPLY_TOKENS),
     )
-    rows.append(("second turn of that conversation", turn2))
+    first = "Review: def sub(a, b): return a-b"
+    shared = ask(s, system, first, REPLY_TOKENS)
+    row("second conversation, same system prompt", shared)
+    reply = s.tokenizer.decode(shared.ids)
+    row(
+        "second turn of that conversation",
+        second_turn(s, system, first, reply, "And with type hints?"),
+    )
     out = subprocess.run(
         [
             sys.executable,
@@ -119,18 +111,18 @@ def main() -> None:
         check=True,
     )
     rows.append(("new process (prefix from disk)", json.loads(out.stdout.strip().splitlines()[-1])))
-    hot = ask(s, system, [("user", "Review: def mul(a, b): return a*b")])
-    rows.append(("hot, just before idling", hot))
+    hot = ask(s, system, "Review: def mul(a, b): return a*b", REPLY_TOKENS)
+    row("hot, just before idling", hot)
     time.sleep(args.idle)
-    idle = ask(s, system, [("user", "Review: def div(a, b): return a/b")])
-    rows.append((f"after {args.idle:.0f} s idle", idle))
-    base = float(cold["ttft_s"])
+    idle = ask(s, system, "Review: def div(a, b): return a/b", REPLY_TOKENS)
+    row(f"after {args.idle:.0f} s idle", idle)
+    base = rows[0][1]["ttft_s"]
     print(f"model {args.model}, system prompt {len(s.system_prefix(system))} tokens")
     print(f"{'case':42} {'TTFT s':>8} {'× cold':>7} {'prefill':>8} {'reused':>7}")
     for name, r in rows:
-        t = float(r["ttft_s"])
+        t = r["ttft_s"]
         print(f"{name:42} {t:8.3f} {t / base:7.3f} {int(r['prefill']):8d} {int(r['reused']):7d}")
-    print(f"idle / hot TTFT: {float(idle['ttft_s']) / float(hot['ttft_s']):.2f}")
+    print(f"idle / hot TTFT: {idle.ttft_s / hot.ttft_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from .gguf_reader import GGUFFile, ModelConfig
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "6"
+BUILDER_VERSION = "7"
 OPSET = 23  # RotaryEmbedding
 MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
 WEIGHTS_FILE = "weights.bin"
@@ -201,12 +201,28 @@ def _store_linear(
     return out
 
 
+_ROWS_PER_CHUNK = 8192  # bounds the float temporaries of requantization (LM heads: 150k rows)
+
+
 def _matrix(g: GGUFFile, name: str) -> QuantMatrix:
     info = g.tensors.get(name)
     if info is None:
         raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
     k, n = info.shape[0], int(np.prod(info.shape[1:]))
-    return decode_tensor(g.raw(name), info.ggml_type, n, k)
+    raw = g.raw(name)
+    if n <= _ROWS_PER_CHUNK:
+        return decode_tensor(raw, info.ggml_type, n, k)
+    row_bytes = info.n_bytes // n
+    parts = [
+        decode_tensor(
+            raw[r * row_bytes : min(n, r + _ROWS_PER_CHUNK) * row_bytes],
+            info.ggml_type,
+            min(n, r + _ROWS_PER_CHUNK) - r,
+            k,
+        )
+        for r in range(0, n, _ROWS_PER_CHUNK)
+    ]
+    return concat_rows(parts)
 
 
 def _vector(g: GGUFFile, name: str) -> np.ndarray:
@@ -248,6 +264,8 @@ def write_weights(
     """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout)."""
     cfg = g.config
     check_supported(cfg)
+    if any(name.startswith("rope_factors") for name in g.tensors):  # Phi-3 128k "longrope"
+        raise UnsupportedModelError(f"{g.path.name}: per-frequency rope factors are not supported")
     w = _WeightWriter(out_dir / WEIGHTS_FILE)
     try:
         layers = []
@@ -313,14 +331,6 @@ class _Graph:
         )
         return outs[0] if len(outs) == 1 else outs
 
-    def block_sum_matrix(self, k: int) -> str:
-        """Constant `[k, k/32]` with ones where row i belongs to block j: x @ it = block sums."""
-        name = f"block_sums_{k}"
-        if name not in self.consts:
-            ones = (np.arange(k)[:, None] // 32 == np.arange(k // 32)[None, :]).astype(np.float32)
-            self.consts[name] = numpy_helper.from_array(ones, name)
-        return name
-
     def ints(self, values: Sequence[int]) -> str:
         name = "c_" + "_".join(str(v).replace("-", "m") for v in values)
         if name not in self.consts:
@@ -331,9 +341,9 @@ class _Graph:
 def _linear(gr: _Graph, x: str, lins: Sequence[_Linear], level: int) -> str:
     """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: MatMulNBits or a dense MatMul.
 
-    Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: the block
-    sums are one MatMul with a constant 0/1 matrix, and the correction rides in a Gemm's C input,
-    so it costs two ops rather than four.
+    Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: Reshape +
+    ReduceSum (O(K); a MatMul with a 0/1 block matrix would read K²/32 floats, 10 MB per call
+    for K = 8960) and a Gemm that takes the matmul's output as its C input.
     """
     outs = []
     blocksums: dict[int, str] = {}
@@ -356,8 +366,9 @@ def _linear(gr: _Graph, x: str, lins: Sequence[_Linear], level: int) -> str:
             accuracy_level=level,
         )
         if lin.mins_t:
-            if lin.k not in blocksums:
-                blocksums[lin.k] = gr.op("MatMul", [x, gr.block_sum_matrix(lin.k)])
+            if lin.k not in blocksums:  # [S, K] -> [S, K/32, 32] -> sum -> [S, K/32]
+                xb = gr.op("Reshape", [x, gr.ints([-1, lin.k // 32, 32])])
+                blocksums[lin.k] = gr.op("ReduceSum", [xb, gr.ints([-1])], keepdims=0)
             y = gr.op("Gemm", [blocksums[lin.k], lin.mins_t, y])
         outs.append(y)
     return outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)

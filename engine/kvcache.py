@@ -57,6 +57,7 @@ class KVCache:
         self.dtype = np.dtype(dtype)
         self.n = 0
         self.capacity = 0
+        self.data = np.zeros(0, self.dtype)
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
         self.generation = 0  # bumped whenever the buffers are replaced (rebind OrtValues)
@@ -70,13 +71,16 @@ class KVCache:
         return 2 * self.n_layers * self.n_kv_heads * capacity * self.head_dim * self.dtype.itemsize
 
     def _allocate(self, capacity: int) -> None:
-        shape = (1, self.n_kv_heads, capacity, self.head_dim)
-        new_k = [np.zeros(shape, self.dtype) for _ in range(self.n_layers)]
-        new_v = [np.zeros(shape, self.dtype) for _ in range(self.n_layers)]
-        for old, new in zip(self.k + self.v, new_k + new_v, strict=False):  # empty at first
-            new[:, :, : self.n] = old[:, :, : self.n]
-        self.k, self.v, self.capacity = [], [], 0  # drop the old buffers before the next move
-        self.k, self.v, self.capacity = new_k, new_v, capacity
+        """One array `[2, layers, 1, Hkv, C, dh]`; `k[i]`/`v[i]` are contiguous views into it,
+        so the graph binds per-layer buffers and the write-back is a single slice copy."""
+        data = np.zeros((2, self.n_layers, 1, self.n_kv_heads, capacity, self.head_dim), self.dtype)
+        if self.capacity:
+            data[..., : self.n, :] = self.data[..., : self.n, :]
+        self.k, self.v = [], []  # drop the old buffers before the new views exist
+        self.data = data
+        self.k = [data[0, i] for i in range(self.n_layers)]
+        self.v = [data[1, i] for i in range(self.n_layers)]
+        self.capacity = capacity
         self.generation += 1
 
     def ensure(self, needed: int) -> None:
@@ -102,14 +106,23 @@ class KVCache:
     def write(
         self, new_k: Sequence[np.ndarray], new_v: Sequence[np.ndarray], rows: slice, at: int
     ) -> None:
-        """Copy rows `rows` of the graph's new K/V outputs into slots starting at `at`."""
+        """Copy rows `rows` of per-layer new K/V arrays `[1, Hkv, S, dh]` into slots at `at`."""
         count = len(range(*rows.indices(new_k[0].shape[2])))
-        if at + count > self.capacity:
-            raise NpuchatError(f"KV write past the capacity ({at}+{count} > {self.capacity})")
+        self._check_room(at, count)
         for dst, src in zip(self.k, new_k, strict=True):
             dst[:, :, at : at + count] = src[:, :, rows]
         for dst, src in zip(self.v, new_v, strict=True):
             dst[:, :, at : at + count] = src[:, :, rows]
+
+    def write_block(self, new: np.ndarray, rows: slice, at: int) -> None:
+        """Copy rows of the graph's outputs laid out as one array `[2, layers, 1, Hkv, S, dh]`."""
+        count = len(range(*rows.indices(new.shape[4])))
+        self._check_room(at, count)
+        self.data[:, :, :, :, at : at + count] = new[:, :, :, :, rows]
+
+    def _check_room(self, at: int, count: int) -> None:
+        if at + count > self.capacity:
+            raise NpuchatError(f"KV write past the capacity ({at}+{count} > {self.capacity})")
 
     def mask(self, seq_len: int, pad: int = 0) -> np.ndarray:
         """Additive mask `[1, 1, S, C+S]` for S new rows, the first `pad` of them padding."""

@@ -163,10 +163,9 @@ def create_session(onnx_path: Path, device: str, threads: int | None) -> ort.Inf
         return ort.InferenceSession(
             str(onnx_path), session_options_for(device, threads), providers=providers_for(device)
         )
-    except (
-        ort.capi.onnxruntime_pybind11_state.Fail,
-        ort.capi.onnxruntime_pybind11_state.InvalidGraph,
-    ) as exc:
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
         raise NpuchatError(
             f"ONNX Runtime could not load {onnx_path.name} ({str(exc).splitlines()[0][:200]}); "
             "delete the cache folder and start again"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .chat_template import ChatTemplate
+from .drafters import Drafter
 from .errors import NpuchatError
 from .events import (
     Cancelled,
@@ -35,6 +36,7 @@ from .events import (
 from .model import Model
 from .prefix_store import PrefixStore, common_prefix_len
 from .sampler import Sampler
+from .speculative import SpeculativeDecoder
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ class ChatSession:
             disk_dir=prefix_dir if opts.persist_prefixes else None,
         )
         self._tokens: list[int] = []  # tokens whose K/V are in slots [0, n_past)
+        self.speculative: SpeculativeDecoder | None = None  # see use_drafters
         self._system_cache: dict[str, list[int]] = {}
         self._lock = threading.Lock()
         self.stop_ids = set(tokenizer.eot_ids)
@@ -157,7 +160,20 @@ class ChatSession:
 
     @property
     def draft_name(self) -> str:
-        return ""
+        return self.speculative.name if self.speculative is not None else ""
+
+    def use_drafters(self, drafters: Sequence[Drafter], **kw: object) -> None:
+        """Decode speculatively with these drafters (tried in order each round); none: plain.
+
+        The decoder's cost model is calibrated here (a decode and a few verify widths timed),
+        so even the first reply chooses k from measured costs.
+        """
+        if self.speculative is not None:
+            self.speculative.close()
+        self.speculative = None
+        if drafters:
+            self.speculative = SpeculativeDecoder(self.model, drafters, **kw)  # type: ignore[arg-type]
+            self.speculative.calibrate()
 
     @property
     def device(self) -> str:
@@ -168,6 +184,8 @@ class ChatSession:
         return list(self._tokens)
 
     def close(self) -> None:
+        if self.speculative is not None:
+            self.speculative.close()
         self.model.close()
 
     # ------------------------------------------------------------------ prompt
@@ -328,6 +346,9 @@ class ChatSession:
         sampler = Sampler(params, ids)
         detok = self.tokenizer.detokenizer()
         stops = _StopMatcher(params.stop)
+        spec = self.speculative
+        if spec is not None:
+            spec.new_reply()
         generated = 0
         t_first = 0.0
         last_emit = 0.0
@@ -335,7 +356,7 @@ class ChatSession:
 
         def current(now: float) -> Metrics:
             decode_s = now - t_first
-            return replace(
+            m = replace(
                 base,
                 ttft_s=t_first - t_request,
                 decode_tokens=max(0, generated - 1),
@@ -343,25 +364,48 @@ class ChatSession:
                 kv_used=model.n_past,
                 kv_capacity=model.capacity,
             )
+            if spec is None:
+                return m
+            st = spec.stats
+            return replace(
+                m,
+                drafted=st.drafted,
+                accepted=st.accepted,
+                mean_accepted_len=st.mean_accepted_len,
+                draft_k=st.k,
+                draft_time_share=st.draft_time_share,
+                draft=spec.name,
+            )
 
         stop: StopReason | None = None
+        # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache
+        queue = [sampler.sample(logits)]
+        now = clock()
         while True:
-            token = sampler.sample(logits)
-            generated += 1
-            now = clock()
-            if generated == 1:
-                t_first = now
-            if token in self.stop_ids:
-                stop = "eos"
+            for j, token in enumerate(queue):
+                generated += 1
+                now = clock()
+                if generated == 1:
+                    t_first = now
+                if token in self.stop_ids:
+                    stop = "eos"
+                else:
+                    text, hit = stops.feed(detok.push(token))
+                    yield TokenDelta(text, (token,))
+                    if hit:
+                        stop = "stop_string"
+                    elif generated >= params.max_tokens:
+                        stop = "max_tokens"
+                if stop is not None:
+                    # like plain decoding, the cache ends before the token that stopped the reply
+                    extra = len(queue) - 1 - j
+                    if extra > 0:
+                        del self._tokens[-extra:]
+                        model.rollback(len(self._tokens))
+                    break
+            if stop is not None:
                 break
-            text, hit = stops.feed(detok.push(token))
-            yield TokenDelta(text, (token,))
-            if hit:
-                stop = "stop_string"
-                break
-            if generated >= params.max_tokens:
-                stop = "max_tokens"
-                break
+            token = queue[-1]
             if model.n_past + 1 > model.max_capacity:
                 stop = "length"
                 break
@@ -370,8 +414,14 @@ class ChatSession:
                 yield MetricsUpdate(current(now))
             if cancel.is_set():
                 break
-            logits = model.decode(token)
-            self._tokens.append(token)
+            if spec is None:
+                logits = model.decode(token)
+                self._tokens.append(token)
+                queue = [sampler.sample(logits)]
+            else:
+                budget = params.max_tokens - generated
+                committed, queue = spec.advance(self._tokens, token, sampler, budget)
+                self._tokens.extend(committed)
         tail = stops.flush() + detok.flush() if stop != "stop_string" else ""
         if tail:
             yield TokenDelta(tail)

@@ -11,6 +11,7 @@ import pytest
 from synthetic import synthetic_gguf  # noqa: F401  (fixture)
 
 from npuchat.engine import runtime
+from npuchat.engine.errors import NpuchatError
 from npuchat.engine.model import Model
 
 IDS = [3, 14, 15, 92, 65, 35]
@@ -107,3 +108,10 @@ def test_model_hash_sidecar_skips_rehashing(
     os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # "replaced" file
     assert runtime.model_sha256(gguf, tmp_path) == digest
     assert len(calls) == 2
+
+
+def test_unloadable_graph_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "decoder.onnx"
+    bad.write_bytes(b"not a protobuf")
+    with pytest.raises(NpuchatError, match=r"could not load decoder\.onnx"):
+        runtime.create_session(bad, "cpu", 1)

@@ -22,12 +22,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from reference_forward import ReferenceModel
 from synthetic import ARCHS, TENSOR_TYPES, synthetic_gguf  # noqa: F401  (fixture)
 
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.graph_builder import GraphSpec, build_graphs, rope_tables
+from npuchat.engine.kvcache import KVCache
 from npuchat.engine.model import Model
+from npuchat.engine.quant import dequantize_rows
 
 P = 16
 CAPS = [32, 64]
@@ -95,3 +100,53 @@ def test_logits_match_reference(
         assert row.shape == (vocab,) and row.dtype == np.float32
         err = float(np.abs(row - expect[pos]).max()) / scale
         assert err <= tol, f"position {pos}: max|diff|/max|logit| = {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_graphs_with_padding_match_reference(
+    synthetic_gguf,  # noqa: F811
+    tmp_path: Path,
+    arch: str,
+) -> None:
+    """The NPU form: fixed S and C, unfused norms, a left-padded prefill chunk (the padding rows
+    are masked and never written back), then a verify graph with logits for every row."""
+    path = synthetic_gguf(arch, "q4_k")
+    ref = ReferenceModel(path)
+    cfg = ref.config
+    seq = [int(t) for t in np.random.default_rng(11).integers(0, cfg.vocab_size, 8)]
+    expect = ref.logits(seq)
+    specs = {
+        "prefill": GraphSpec(8, 32, 1, accuracy_level=0, fused_norms=False),
+        "verify": GraphSpec(3, 32, 3, accuracy_level=0, fused_norms=False),
+    }
+    files = build_graphs(path, specs, tmp_path / "graphs")
+    kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, [32])
+    with GGUFFile(path) as g:
+        info = g.tensors["token_embd.weight"]
+        table = g.raw("token_embd.weight").copy()  # the mapping closes with the file
+
+        def run(name: str, ids: list[int], s: int) -> np.ndarray:
+            pad = s - len(ids)
+            sess = ort.InferenceSession(str(files[name]), providers=["CPUExecutionProvider"])
+            emb = np.zeros((1, s, cfg.d_model), np.float32)
+            emb[0, pad:] = dequantize_rows(table, info.ggml_type, cfg.d_model, np.array(ids))
+            cos, sin = rope_tables(cfg, np.arange(kv.n - pad, kv.n + len(ids)).clip(0))
+            feeds = {
+                "embeddings": emb,
+                "mask": kv.mask(s, pad),
+                "cos": cos[None],
+                "sin": sin[None],
+                "logit_rows": np.arange(s - specs[name].logit_rows, s, dtype=np.int64),
+            }
+            for i in range(cfg.n_layers):
+                feeds[f"past_k_{i}"], feeds[f"past_v_{i}"] = kv.k[i], kv.v[i]
+            out = sess.run(None, feeds)
+            kv.write(out[1::2], out[2::2], slice(pad, None), kv.n)
+            kv.n += len(ids)
+            return out[0]
+
+        first = run("prefill", seq[:5], 8)  # 3 padding rows
+        rows = run("verify", seq[5:8], 3)
+    scale = float(np.abs(expect).max())
+    assert float(np.abs(first[0] - expect[4]).max()) <= 1e-5 * scale
+    assert float(np.abs(rows - expect[5:8]).max()) <= 1e-5 * scale

@@ -1,0 +1,194 @@
+"""`npuchat doctor`: what this machine offers, and where a model's graphs would run.
+
+Without `--model` it lists the execution providers and devices ONNX Runtime reports, the
+onnxruntime / onnxruntime-qnn / QAIRT versions, whether the QNN HTP is hardware or the x86
+simulator, and what `--device auto` picks. With `--model NAME --device npu` it compiles the
+model's NPU graphs (or loads them from the cache) exactly as a chat would, and reports each
+graph's placement: every node on the NPU, or which nodes fall back and QNN's reason. The exit
+code is 1 when a graph is not 100% on the NPU, so scripts can check a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from npuchat.engine import devices
+from npuchat.engine.errors import NpuchatError
+
+from .context import AppContext
+
+DEFAULT_PREFILL_CHUNK = 128  # Model.load's defaults: the graphs a chat compiles
+DEFAULT_VERIFY_K = 4
+
+
+def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="doctor_model", help="also report this model's graph placement")
+    p.add_argument(
+        "--device", dest="doctor_device", choices=["npu", "cpu"], default="npu", help="(npu)"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def machine_report(ctx: AppContext) -> dict[str, Any]:
+    from npuchat.app.cli import package_version
+
+    status = devices.npu_status()
+    pkg, qairt = devices.qnn_versions()
+    auto, note = devices.resolve_device("auto")
+    return {
+        "versions": {
+            "npuchat": package_version(),
+            "onnxruntime": devices.onnxruntime_version(),
+            "onnxruntime-qnn": pkg or "not installed",
+            "qairt": qairt or "unknown",
+        },
+        "devices": [asdict(d) for d in devices.list_ep_devices()],
+        "npu": {
+            "available": status.available,
+            "kind": status.kind,
+            "simulated": status.simulated,
+            "reason": status.reason,
+            "soc_model": ctx.settings.soc_model,
+            "htp_arch": ctx.settings.htp_arch,
+        },
+        "auto": {"device": auto, "note": note},
+    }
+
+
+def model_report(ctx: AppContext, name: str, device: str, console: Console) -> dict[str, Any]:
+    """Compile or load `name`'s graphs for `device` and describe where their nodes run."""
+    from npuchat.engine.gguf_reader import GGUFFile
+    from npuchat.engine.npu_compile import (
+        compile_npu_graphs,
+        default_npu_capacity,
+        explain_placement,
+        npu_specs,
+    )
+    from npuchat.engine.runtime import GraphCache, model_sha256
+
+    path = ctx.catalog.resolve(name)
+    with GGUFFile(path) as g:
+        cfg = g.config
+    report: dict[str, Any] = {"model": name, "path": str(path), "arch": cfg.arch, "device": device}
+    if device == "cpu":
+        report["graphs"] = [{"graph": "decoder", "placement": "CPU EP (all nodes)", "ok": True}]
+        report["ok"] = True
+        return report
+    if not devices.npu_status().available:
+        raise NpuchatError(f"--device npu: {devices.npu_status().reason}")
+    opts = devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch)
+    capacity = default_npu_capacity(cfg.context_length)
+    specs = npu_specs(DEFAULT_PREFILL_CHUNK, DEFAULT_VERIFY_K, capacity)
+    cache_dir = ctx.paths.cache_dir
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("preparing", total=1.0)
+
+        def show(stage: str, fraction: float) -> None:
+            progress.update(task, description=stage, completed=fraction)
+
+        try:
+            compiled = compile_npu_graphs(
+                path, model_sha256(path, cache_dir), specs, GraphCache(cache_dir), opts, show
+            )
+            placements, source = (
+                compiled.placements,
+                ("compiled now" if compiled.compiled else "from the cache"),
+            )
+            report["folder"] = str(compiled.folder)
+        except NpuchatError as exc:
+            show("explaining placement", 0.0)
+            placements, source = explain_placement(path, specs, opts), "not compiled"
+            report["error"] = str(exc)
+    report["binaries"] = source
+    report["graphs"] = [
+        {
+            "graph": name,
+            "seq_len": specs[name].seq_len,
+            "capacity": specs[name].capacity,
+            "nodes": p.total_nodes,
+            "npu_nodes": p.npu_nodes,
+            "npu_percent": round(100.0 * p.fraction, 1),
+            "fallbacks": [asdict(f) for f in p.fallbacks],
+            "ok": p.complete,
+        }
+        for name, p in placements.items()
+    ]
+    report["ok"] = all(g["ok"] for g in report["graphs"]) and "error" not in report
+    return report
+
+
+def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | None) -> None:
+    for key, value in machine["versions"].items():
+        console.print(f"[bold]{key:16}[/] {value}", highlight=False)
+    table = Table(title="execution providers and devices", title_justify="left")
+    for col in ("execution provider", "vendor", "device", "device vendor"):
+        table.add_column(col)
+    for d in machine["devices"]:
+        table.add_row(d["ep_name"], d["ep_vendor"], d["hardware_type"], d["hardware_vendor"])
+    console.print(table)
+    npu = machine["npu"]
+    line = npu["kind"] if npu["available"] else f"unavailable ({npu['reason']})"
+    console.print(f"[bold]{'npu':16}[/] {line}", highlight=False)
+    console.print(
+        f"[bold]{'qnn target':16}[/] soc_model {npu['soc_model']}, htp_arch {npu['htp_arch']}",
+        highlight=False,
+    )
+    console.print(f"[bold]{'--device auto':16}[/] {machine['auto']['note']}", highlight=False)
+    if model is None:
+        return
+    console.print(
+        f"\n[bold]{model['model']}[/] ({model['arch']}) on {model['device']}"
+        + (f" — binaries {model['binaries']}" if "binaries" in model else ""),
+        highlight=False,
+    )
+    if model["device"] == "cpu":
+        console.print("  decoder: all nodes on the CPU EP")
+        return
+    table = Table(title_justify="left")
+    for col in ("graph", "S", "C", "nodes", "on NPU", "placement"):
+        table.add_column(col, justify="left" if col in ("graph", "placement") else "right")
+    for g in model["graphs"]:
+        verdict = "100% NPU" if g["ok"] else f"{g['npu_percent']}% NPU"
+        table.add_row(
+            g["graph"],
+            str(g["seq_len"]),
+            str(g["capacity"]),
+            str(g["nodes"]),
+            str(g["npu_nodes"]),
+            verdict if g["ok"] else f"[red]{verdict}[/]",
+        )
+    console.print(table)
+    for g in model["graphs"]:
+        for f in g["fallbacks"]:
+            console.print(
+                f"  [red]{g['graph']}: {f['node']} ({f['op_type']}) falls back[/]: {f['reason']}",
+                highlight=False,
+            )
+    if "error" in model:
+        console.print(f"[red]{model['error']}[/]", highlight=False)
+
+
+def cmd_doctor(ctx: AppContext, args: argparse.Namespace, console: Console) -> int:
+    machine = machine_report(ctx)
+    model = None
+    if args.doctor_model:
+        model = model_report(ctx, args.doctor_model, args.doctor_device, console)
+    if args.json:
+        print(json.dumps({"machine": machine, "model": model}, indent=2))
+    else:
+        _print(console, machine, model)
+    return 0 if model is None or model["ok"] else 1

@@ -1,0 +1,195 @@
+"""Speculative decoding on real models: target-only vs draft model vs prompt lookup vs both.
+
+    python benchmarks/speculative.py [--model qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
+        [--threads 2] [--tokens 128] [--modes target,draft,lookup,both] [--prompts code,edit,chat]
+
+MODEL and DRAFT are GGUF paths or installed model names. One process loads the target and the
+draft once; for every prompt the modes run back to back (same machine state), each mode keeping
+one `SpeculativeDecoder` across prompts, as a chat session would (its cost model learns as it
+goes). On a machine shared with other work, `--repeat N` keeps the fastest of N runs.
+Greedy decoding, so every mode's tokens should equal target-only's: the table says whether they
+do, and where they first differ. Decode tok/s counts the tokens after the first one over the
+time after it (the draft's catch-up prefill is inside that time); `e2e` is all tokens over the
+whole request.
+
+A script that prints figures, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
+from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
+from npuchat.engine.model import Model
+from npuchat.engine.session import ChatSession, SessionOptions
+from npuchat.engine.speculative import SpeculativeDecoder
+
+EDIT_CODE = '''\
+def compute_total(items, tax_rate):
+    """Return the total price of the items, tax included."""
+    subtotal = 0.0
+    for item in items:
+        price = item["price"]
+        quantity = item.get("quantity", 1)
+        subtotal += price * quantity
+    tax = subtotal * tax_rate
+    return round(subtotal + tax, 2)
+
+
+def cheapest(items):
+    """Return the cheapest item, or None for an empty list."""
+    best = None
+    for item in items:
+        if best is None or item["price"] < best["price"]:
+            best = item
+    return best
+'''
+
+PROMPTS = {
+    "code": "Write a Python function that merges two sorted lists into one sorted list, "
+    "with a docstring and a few doctests.",
+    "edit": "Rename `compute_total` to `total_price` and add type hints to both functions. "
+    "Reply with the complete updated code only.\n\n```python\n" + EDIT_CODE + "```",
+    "chat": "What are the main differences between TCP and UDP? Answer in a short paragraph.",
+}
+
+
+def _resolve(name: str) -> Path:
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path.resolve()
+    from npuchat.engine.paths import Paths
+
+    for folder in (Paths.from_env().models_dir, Path.home() / ".cache/npuchat-test/models"):
+        if (folder / f"{name}.gguf").is_file():
+            return folder / f"{name}.gguf"
+    sys.exit(f"no GGUF at {name} and no installed model of that name")
+
+
+def _run(session: ChatSession, prompt: str, tokens: int) -> tuple[list[int], dict[str, float]]:
+    request = ChatRequest(
+        "bench",
+        "You are a helpful coding assistant.",
+        (ChatMessage("user", prompt),),
+        SamplingParams(temperature=0.0, max_tokens=tokens),
+    )
+    ids: list[int] = []
+    t0 = time.perf_counter()
+    final = None
+    for ev in session.generate(request, threading.Event()):
+        if isinstance(ev, TokenDelta):
+            ids.extend(ev.ids)
+        elif isinstance(ev, Finished):
+            final = ev
+    wall = time.perf_counter() - t0
+    assert final is not None, "generation did not finish"
+    m = final.metrics
+    return ids, {
+        "tps": m.decode_tps,
+        "e2e": (m.decode_tokens + 1) / wall,
+        "ttft": m.ttft_s,
+        "drafted": m.drafted,
+        "accepted": m.accepted,
+        "mal": m.mean_accepted_len,
+        "share": m.draft_time_share,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--modes", default="target,draft,lookup,both")
+    ap.add_argument("--prompts", default="code,edit,chat")
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="runs per prompt and mode; the fastest is shown"
+    )
+    args = ap.parse_args()
+    modes = args.modes.split(",")
+    cache = args.cache_dir or Path(tempfile.gettempdir()) / "npuchat-bench-cache"
+    opts = SessionOptions(persist_prefixes=False)
+    session = ChatSession.open(
+        _resolve(args.model),
+        name=args.model,
+        cache_dir=cache,
+        threads=args.threads,
+        options=opts,
+        verify_k=8,
+    )
+    draft_model = None
+    if any(m in ("draft", "both") for m in modes):
+        draft_model = Model.load(
+            _resolve(args.draft),
+            cache_dir=cache,
+            threads=args.threads,
+            capacities=[session.model.max_capacity],
+        )
+    model_drafter = None
+    if draft_model is not None:  # one drafter object: it knows what its cache holds
+        model_drafter = ModelDrafter(draft_model, args.draft)
+        model_drafter.calibrate(list(range(16, 32)))
+    decoders: dict[str, SpeculativeDecoder | None] = {}
+    for mode in modes:
+        drafters: list[Drafter] = []
+        if mode in ("lookup", "both"):
+            drafters.append(LookupDrafter())
+        if mode in ("draft", "both"):
+            assert model_drafter is not None
+            drafters.append(model_drafter)
+        decoders[mode] = None
+        if drafters:
+            decoders[mode] = SpeculativeDecoder(session.model, drafters)
+            decoders[mode].calibrate()
+
+    print(f"{args.model} (draft {args.draft}), {args.threads} threads, {args.tokens} tokens")
+    header = (
+        f"{'prompt':6} {'mode':7} {'tok/s':>6} {'x':>5} {'e2e':>6} {'ttft':>5} "
+        f"{'accept':>12} {'len':>5} {'draft%':>6} exact"
+    )
+    print(header)
+    for pname in args.prompts.split(","):
+        reference: list[int] | None = None
+        base_tps = 0.0
+        for mode in modes:
+            session.speculative = decoders[mode]
+            runs = []
+            for _ in range(args.repeat):
+                session._tokens = []  # every run prefills the prompt itself (same start state)
+                session.model.rollback(0)
+                runs.append(_run(session, PROMPTS[pname], args.tokens))
+            ids, r = max(runs, key=lambda run: run[1]["tps"])
+            if reference is None:
+                reference, base_tps = ids, r["tps"]
+                exact = "ref"
+            else:
+                pairs = enumerate(zip(ids, reference, strict=False))
+                n = next((i for i, (a, b) in pairs if a != b), None)
+                same = n is None and len(ids) == len(reference)
+                exact = "yes" if same else f"no@{n if n is not None else len(reference)}"
+            rate = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "-"
+            print(
+                f"{pname:6} {mode:7} {r['tps']:6.2f} {r['tps'] / base_tps:5.2f} {r['e2e']:6.2f} "
+                f"{r['ttft']:5.2f} {rate:>12} {r['mal']:5.2f} {100 * r['share']:5.1f}% {exact}",
+                flush=True,
+            )
+    for mode, dec in decoders.items():
+        if dec is not None:
+            c = dec.costs
+            widths = ", ".join(f"{w}:{1000 * t:.0f}" for w, t in sorted(c.t_ver.items()))
+            print(
+                f"cost model [{mode}]: decode {1000 * (c.t_dec or 0):.0f} ms, verify ms by width "
+                f"{{{widths}}}, acceptance {c.alpha}, tie fallbacks {dec.tie_fallbacks}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Drafters for speculative decoding: who proposes the next few tokens for the target to check.
+
+Both drafters take the target's whole token sequence on every call and work out themselves what
+they already know of it, so they stay in sync on every path the session takes (prefix reuse,
+edits, regenerate, dropped turns, cancellation) without the session telling them what happened:
+
+- `ModelDrafter`: a smaller model sharing the target's vocabulary, with its own static KV cache.
+  Its cache is rolled back to the longest common prefix with the target's sequence and the rest
+  is prefilled, exactly as the session does for the target.
+- `LookupDrafter` (prompt lookup): the continuation of the most recent earlier occurrence of the
+  sequence's last n-gram. Costs almost nothing, and pays when a reply quotes the prompt (code
+  edits) or repeats itself.
+
+A drafter returns the draft tokens and, for a sampled draft, the distribution `q` each token was
+drawn from; a deterministic proposal has q = one-hot, which the acceptance rule handles exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .events import SamplingParams
+from .model import Model
+from .prefix_store import common_prefix_len
+from .sampler import distribution, draw, is_greedy
+
+__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter"]
+
+
+@dataclass
+class Draft:
+    """Proposed tokens; `q[i]` is the distribution token i was drawn from (None: one-hot)."""
+
+    tokens: list[int]
+    q: list[np.ndarray] | None = None
+    sync_s: float = 0.0  # time spent catching the drafter up with the sequence
+    step_s: float = 0.0  # time spent producing the tokens
+    steps: int = 0  # drafter forward steps behind `step_s`
+
+
+@dataclass
+class _Stats:
+    """What a drafter knows of its own costs, measured as it runs (seconds)."""
+
+    step_s: float | None = None  # one drafting step
+    prefill_token_s: float | None = None  # one token of catch-up prefill
+
+
+class Drafter:
+    """Base class: a named source of draft tokens (see module doc)."""
+
+    name: str = "drafter"
+    stats: _Stats
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        history: Sequence[int],
+        rng: np.random.Generator,
+    ) -> Draft:
+        raise NotImplementedError
+
+    def catch_up(self, context: Sequence[int]) -> int:
+        """Tokens the drafter must process before it can draft after `context`."""
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class LookupDrafter(Drafter):
+    """Prompt-lookup drafting: continue the latest earlier match of the last n tokens.
+
+    The n-gram index (n-gram → position after its latest occurrence) grows with the sequence,
+    so each call costs O(new tokens), not O(sequence).
+    """
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.stats = _Stats(step_s=0.0, prefill_token_s=0.0)
+        self._seq: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+
+    def _sync(self, context: Sequence[int]) -> None:
+        n = len(self._seq)
+        if len(context) < n or list(context[:n]) != self._seq:  # an edit: index again
+            self._seq, self._index, n = [], {}, 0
+        self._seq.extend(int(t) for t in context[n:])
+        seq, index = self._seq, self._index
+        # an n-gram ending at e (exclusive) maps to e, once a token at e exists to propose
+        for e in range(max(1, n), len(seq)):
+            for g in range(self.min_ngram, self.max_ngram + 1):
+                if e - g >= 0:
+                    index[tuple(seq[e - g : e])] = e
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        history: Sequence[int],
+        rng: np.random.Generator,
+    ) -> Draft:
+        t0 = time.perf_counter()
+        self._sync(context)
+        seq = self._seq
+        out: list[int] = []
+        for g in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(seq) < g:
+                continue
+            at = self._index.get(tuple(seq[-g:]))
+            if at is not None:
+                out = seq[at : at + k]
+                break
+        return Draft(list(out), None, sync_s=time.perf_counter() - t0)
+
+
+class ModelDrafter(Drafter):
+    """A draft model with its own static cache, kept equal to a prefix of the target's tokens."""
+
+    def __init__(self, model: Model, name: str = "draft") -> None:
+        self.model = model
+        self.name = name
+        self.stats = _Stats()
+        self._tokens: list[int] = []  # tokens whose K/V are in the draft cache
+
+    def catch_up(self, context: Sequence[int]) -> int:
+        return len(context) - min(common_prefix_len(self._tokens, context), len(context) - 1)
+
+    def _sync(self, context: Sequence[int]) -> np.ndarray:
+        """Roll back to the common prefix, prefill the rest; logits after `context`."""
+        keep = min(common_prefix_len(self._tokens, context), len(context) - 1)
+        self.model.rollback(keep)
+        self._tokens = self._tokens[:keep]
+        rest = [int(t) for t in context[keep:]]
+        t0 = time.perf_counter()
+        logits = self.model.prefill(rest)
+        dt = time.perf_counter() - t0
+        if len(rest) >= 8:  # long enough to say what a token of catch-up costs
+            self.stats.prefill_token_s = _ema(self.stats.prefill_token_s, dt / len(rest))
+        self._tokens.extend(rest)
+        return logits
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        history: Sequence[int],
+        rng: np.random.Generator,
+    ) -> Draft:
+        if k < 1 or len(context) + k > self.model.max_capacity:
+            return Draft([])
+        t0 = time.perf_counter()
+        logits = self._sync(context)
+        t1 = time.perf_counter()
+        greedy = is_greedy(params) and params.repeat_penalty == 1.0
+        hist = list(history)
+        tokens: list[int] = []
+        qs: list[np.ndarray] | None = None if greedy else []
+        for i in range(k):
+            if greedy:
+                tok = int(np.argmax(logits))
+            else:
+                q = distribution(logits, params, hist)
+                tok = draw(q, rng)
+                assert qs is not None
+                qs.append(q)
+            tokens.append(tok)
+            hist.append(tok)
+            if i < k - 1:  # the last draft token is fed next round, if the target accepts it
+                logits = self.model.decode(tok)
+                self._tokens.append(tok)
+        t2 = time.perf_counter()
+        if k > 1:
+            self.stats.step_s = _ema(self.stats.step_s, (t2 - t1) / (k - 1))
+        return Draft(tokens, qs, sync_s=t1 - t0, step_s=t2 - t1, steps=k - 1)
+
+    def calibrate(self, probe: Sequence[int]) -> None:
+        """Time a few steps on a scratch cache, so the cost model knows the draft before use."""
+        self.model.rollback(0)
+        self._tokens = []
+        t0 = time.perf_counter()
+        self.model.prefill(list(probe))
+        self.stats.prefill_token_s = (time.perf_counter() - t0) / len(probe)
+        times = []  # the fastest of a few: other processes only ever add time
+        for t in probe[:4]:
+            t1 = time.perf_counter()
+            self.model.decode(int(t))
+            times.append(time.perf_counter() - t1)
+        self.stats.step_s = min(times[1:])
+        self.model.rollback(0)
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
+    return new if old is None else (1 - weight) * old + weight * new

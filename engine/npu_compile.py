@@ -1,0 +1,401 @@
+"""Static graphs for the NPU, compiled once into QNN context binaries and cached.
+
+An NPU compiles a graph for fixed shapes, so a model gets one graph per step shape at one KV
+capacity C: `prefill` (S = P, logits of the last row), `decode` (S = 1) and `verify`
+(S = k+1, logits of every row). Each is built by `graph_builder` with static S and C and
+unfused norms (the HTP rejects `SkipSimplifiedLayerNormalization`), then passed through
+`adapt_for_htp`, and compiled by the QNN EP into an EPContext model `<name>_ctx.onnx` plus its
+context binary `<name>_ctx_qnn.bin` (`ep.context_enable=1`, embed mode 0). One context per graph:
+a shared multi-graph context binary crashes the x86 simulator on load (DESIGN §5).
+
+Compiling is done with `session.disable_cpu_ep_fallback=1`: an op the HTP cannot run fails the
+compile, and the error names the nodes and QNN's reason (`diagnose`), never a silent CPU
+fallback. The compiled folder lives in the same verified cache as the CPU graphs
+(`runtime.GraphCache`: manifest of sizes and sha256 digests, written last), keyed like the CPU
+graphs plus the QNN options and the QAIRT / onnxruntime-qnn versions, so a corrupt, truncated or
+foreign `.bin` is rebuilt rather than handed to the HTP. The source graphs and their weights are
+deleted once compiled: the context binaries carry their own (fp16 / quantized) weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from .devices import QNN_EP, QnnOptions, htp_device, npu_status, qnn_versions
+from .errors import NpuchatError
+from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
+from .runtime import GraphCache, cache_key
+
+# Bump when `adapt_for_htp` or the compiled folder's layout change (part of the cache key).
+NPU_PASS_VERSION = "1"
+PLACEMENT_FILE = "placement.json"
+DEFAULT_NPU_CAPACITY = 2048
+
+Progress = Callable[[str, float], None]
+
+
+def npu_specs(
+    prefill_chunk: int, verify_k: int, capacity: int, accuracy_level: int = 4
+) -> dict[str, GraphSpec]:
+    """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out."""
+    specs = {"decode": GraphSpec(1, capacity, 1, accuracy_level, fused_norms=False)}
+    if prefill_chunk > 1:
+        specs["prefill"] = GraphSpec(prefill_chunk, capacity, 1, accuracy_level, False)
+    if verify_k > 0:
+        specs["verify"] = GraphSpec(verify_k + 1, capacity, verify_k + 1, accuracy_level, False)
+    return specs
+
+
+def adapt_for_htp(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite a builder graph into the forms the QNN HTP accepts (in place; returns it).
+
+    The builder keeps the residual stream 2-D `[S, D]` (the CPU's Gemm and norm fusions want
+    it), but QNN's `MatMulNBits` takes only a 3-D `A` ("Unsupported input A rank, expecting 3D
+    shape", measured). Each one is wrapped in Reshape `[1, S, K]` → MatMulNBits → Reshape
+    `[S, N]`; reshapes are free layout changes on the HTP. Its bias input is rejected too
+    ("Unsupported inputs g_idx or bias"), so a bias becomes an `Add` after it.
+    """
+    graph = model.graph
+    consts: dict[str, onnx.TensorProto] = {}
+
+    def shape_const(values: list[int]) -> str:
+        name = "htp_shape_" + "_".join(str(v).replace("-", "m") for v in values)
+        if name not in consts:
+            consts[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+        return name
+
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        a3, y3, out = f"{node.name}_a3", f"{node.name}_y3", node.output[0]
+        nodes.append(
+            helper.make_node(
+                "Reshape",
+                [node.input[0], shape_const([1, -1, attrs["K"]])],
+                [a3],
+                f"{node.name}_3d",
+            )
+        )
+        node.input[0] = a3
+        node.output[0] = y3
+        nodes.append(node)
+        bias = node.input[5] if len(node.input) > 5 else ""
+        if bias:  # QNN: "Unsupported inputs g_idx or bias" -> a separate Add
+            inputs = list(node.input[:5])
+            while inputs and not inputs[-1]:
+                inputs.pop()
+            del node.input[:]
+            node.input.extend(inputs)
+            y3 = _append(nodes, "Add", [y3, bias], f"{node.name}_bias")
+        nodes.append(
+            helper.make_node(
+                "Reshape", [y3, shape_const([-1, attrs["N"]])], [out], f"{node.name}_2d"
+            )
+        )
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(consts.values())
+    return model
+
+
+def _append(nodes: list[onnx.NodeProto], op: str, inputs: list[str], name: str) -> str:
+    nodes.append(helper.make_node(op, inputs, [f"{name}_0"], name))
+    return f"{name}_0"
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclass
+class Fallback:
+    """A node the HTP would not take, and QNN's reason (when it logged one)."""
+
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclass
+class GraphPlacement:
+    """Where the nodes of one graph run: all on the NPU, or these fall back."""
+
+    graph: str
+    total_nodes: int
+    npu_nodes: int
+    fallbacks: list[Fallback] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        return self.npu_nodes / self.total_nodes if self.total_nodes else 0.0
+
+    @property
+    def complete(self) -> bool:
+        return self.total_nodes > 0 and self.npu_nodes == self.total_nodes
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GraphPlacement:
+        falls = [Fallback(**f) for f in data.get("fallbacks", [])]
+        return cls(str(data["graph"]), int(data["total_nodes"]), int(data["npu_nodes"]), falls)
+
+
+_REASON = re.compile(r"Node name: (?P<node>\S+).*?REASON\s*:\s*(?P<reason>[^\n]+)", re.S)
+_log_lock = threading.Lock()
+
+
+@contextmanager
+def _captured_ort_log() -> Iterator[list[str]]:
+    """Collect ONNX Runtime's log messages (verbose) while the block runs.
+
+    QNN explains each rejected node only in its verbose log ("Validation FAILED … REASON : …").
+    The session that wants them logs at verbose level; the process-wide default stays at errors
+    (so ORT's own threads do not spray verbose lines on the platform sink), and the callback is
+    installed for the block only.
+    """
+    messages: list[str] = []
+    with _log_lock:
+        ort.set_default_logger_callback(lambda sev, cat, lid, loc, msg: messages.append(msg), 3)
+        try:
+            yield messages
+        finally:
+            ort.set_default_logger_callback(None)
+            ort.set_default_logger_severity(3)
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr while the QNN backend starts (simulator only).
+
+    The x86 HTP simulator prints a banner (`# LIBNATIVE: …`) straight to fd 1, which would
+    corrupt `npuchat run --json` output; stderr is where diagnostics belong. Real hardware
+    prints nothing, and there fd 1 is left alone (the TUI may be drawing on it meanwhile).
+    """
+    if not npu_status().simulated:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _new_session(path: Path, so: ort.SessionOptions) -> ort.InferenceSession:
+    with _log_lock, _stdout_to_stderr():
+        return ort.InferenceSession(str(path), so)
+
+
+def _session_options(opts: QnnOptions, fallback: bool) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # failures are raised (and explained) as one-line errors
+    if not fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    so.add_provider_for_devices([htp_device()], opts.provider_options())
+    return so
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+
+
+def diagnose(onnx_path: Path, opts: QnnOptions, name: str | None = None) -> GraphPlacement:
+    """Place `onnx_path` on the HTP *with* CPU fallback allowed and report every node's EP.
+
+    This is the explanation path (doctor, and a failed compile): nothing is compiled to disk.
+    """
+    so = _session_options(opts, fallback=True)
+    so.log_severity_level = 0
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    with _captured_ort_log() as log:
+        try:
+            with _stdout_to_stderr():
+                session = ort.InferenceSession(str(onnx_path), so)
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+            raise NpuchatError(
+                f"the QNN EP could not place {onnx_path.name}: {_first_line(exc)}"
+            ) from exc
+        assigned = session.get_provider_graph_assignment_info()
+        del session
+    reasons: dict[str, str] = {}
+    for msg in log:
+        if "Validation FAILED" in msg:
+            for m in _REASON.finditer(msg):
+                reasons.setdefault(m["node"], _first_sentence(m["reason"]))
+    total = npu = 0
+    falls: list[Fallback] = []
+    for sub in assigned:
+        for node in sub.get_nodes():
+            total += 1
+            if sub.ep_name == QNN_EP:
+                npu += 1
+            else:
+                why = reasons.get(node.name, f"not supported by the QNN EP (runs on {sub.ep_name})")
+                falls.append(Fallback(node.name, node.op_type, why))
+    return GraphPlacement(name or onnx_path.stem, total, npu, falls)
+
+
+def _first_sentence(text: str) -> str:
+    """QNN runs sentences together ("…by QNN EP.Node `x` will not…"): keep the first."""
+    return re.split(r"(?<=\.)(?=[A-Z])|(?<=\.)\s", text.strip(), maxsplit=1)[0]
+
+
+def describe_fallbacks(p: GraphPlacement, limit: int = 3) -> str:
+    shown = "; ".join(f"{f.node} ({f.op_type}): {f.reason}" for f in p.fallbacks[:limit])
+    more = f"; and {len(p.fallbacks) - limit} more" if len(p.fallbacks) > limit else ""
+    return f"{len(p.fallbacks)} node(s) cannot run on the NPU: {shown}{more}"
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def compile_graph(src: Path, ctx_path: Path, opts: QnnOptions, name: str) -> GraphPlacement:
+    """Compile `src` to the EPContext model `ctx_path` (+ its `.bin`), CPU fallback disabled.
+
+    Returns the placement ONNX Runtime recorded (every node on the QNN EP, or the compile
+    failed). A failure is diagnosed and raised as a one-line error naming the nodes.
+    """
+    so = _session_options(opts, fallback=False)
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    so.add_session_config_entry("ep.context_enable", "1")
+    so.add_session_config_entry("ep.context_embed_mode", "0")
+    so.add_session_config_entry("ep.context_file_path", str(ctx_path))
+    try:
+        session = _new_session(src, so)
+    except Exception as exc:
+        placement = diagnose(src, opts, name)
+        if placement.fallbacks:
+            raise NpuchatError(
+                f"graph {name} does not compile for the NPU: {describe_fallbacks(placement)}; "
+                "use --device cpu"
+            ) from exc
+        raise NpuchatError(
+            f"the QNN EP failed to compile graph {name}: {_first_line(exc)}; use --device cpu"
+        ) from exc
+    total = npu = 0
+    for sub in session.get_provider_graph_assignment_info():
+        n = len(sub.get_nodes())
+        total += n
+        npu += n if sub.ep_name == QNN_EP else 0
+    del session
+    if not ctx_path.exists():
+        raise NpuchatError(f"the QNN EP wrote no context model for graph {name}; use --device cpu")
+    return GraphPlacement(name, total, npu)
+
+
+def npu_cache_key(model_sha: str, specs: Mapping[str, GraphSpec], opts: QnnOptions) -> str:
+    """The CPU cache key's ingredients plus everything that changes a context binary."""
+    pkg, qairt = qnn_versions()
+    options = {"qnn": opts.key(), "onnxruntime_qnn": pkg, "qairt": qairt, "pass": NPU_PASS_VERSION}
+    return cache_key(model_sha, spec_digest(specs), BUILDER_VERSION, "npu", options)
+
+
+@dataclass
+class CompiledGraphs:
+    """A verified folder of context models, one per spec, and how it was obtained."""
+
+    folder: Path
+    specs: dict[str, GraphSpec]
+    placements: dict[str, GraphPlacement]
+    compiled: bool  # True if this call compiled (False: loaded from the cache)
+    seconds: float
+
+    def ctx_model(self, name: str) -> Path:
+        return self.folder / f"{name}_ctx.onnx"
+
+
+def compile_npu_graphs(
+    gguf_path: Path,
+    model_sha: str,
+    specs: Mapping[str, GraphSpec],
+    cache: GraphCache,
+    opts: QnnOptions,
+    progress: Progress | None = None,
+) -> CompiledGraphs:
+    """The compiled folder for `specs`, from the cache or compiled now (minutes for big models)."""
+    report = progress or (lambda stage, fraction: None)
+    key = npu_cache_key(model_sha, specs, opts)
+    builds_before = cache.builds
+    t0 = time.perf_counter()
+
+    def build(folder: Path) -> None:
+        sources = build_graphs(gguf_path, specs, folder, lambda f: report("building graphs", f))
+        placements = {}
+        for i, (name, src) in enumerate(sources.items()):
+            report(f"compiling {name} for the NPU", i / len(sources))
+            model = adapt_for_htp(onnx.load(str(src), load_external_data=False))
+            onnx.save_model(model, str(src))
+            placements[name] = compile_graph(src, folder / f"{name}_ctx.onnx", opts, name)
+            src.unlink()
+        report("compiling for the NPU", 1.0)
+        (folder / WEIGHTS_FILE).unlink()
+        record = {name: p.as_dict() for name, p in placements.items()}
+        (folder / PLACEMENT_FILE).write_text(json.dumps(record, indent=1))
+
+    meta = {"specs": {k: v.key() for k, v in specs.items()}, "qnn": opts.provider_options()}
+    folder = cache.get_or_build(key, build, meta)
+    raw = json.loads((folder / PLACEMENT_FILE).read_text())
+    placements = {name: GraphPlacement.from_dict(p) for name, p in raw.items()}
+    return CompiledGraphs(
+        folder,
+        dict(specs),
+        placements,
+        cache.builds > builds_before,
+        time.perf_counter() - t0,
+    )
+
+
+def explain_placement(
+    gguf_path: Path, specs: Mapping[str, GraphSpec], opts: QnnOptions
+) -> dict[str, GraphPlacement]:
+    """Per graph, which nodes the HTP takes and why not the others (nothing is compiled).
+
+    The explanation behind a failed compile: the graphs are built into a temporary folder,
+    adapted as for compiling, and placed with CPU fallback allowed.
+    """
+    with tempfile.TemporaryDirectory(prefix="npuchat-placement-") as tmp:
+        sources = build_graphs(gguf_path, specs, Path(tmp))
+        out = {}
+        for name, src in sources.items():
+            onnx.save_model(adapt_for_htp(onnx.load(str(src), load_external_data=False)), str(src))
+            out[name] = diagnose(src, opts, name)
+        return out
+
+
+def default_npu_capacity(context_length: int) -> int:
+    """One KV capacity for the NPU graphs: each capacity costs a compiled binary per graph."""
+    return max(1, min(context_length, DEFAULT_NPU_CAPACITY))
+
+
+def load_compiled_session(path: Path, opts: QnnOptions) -> ort.InferenceSession:
+    """A session over a compiled EPContext model, CPU fallback disabled."""
+    try:
+        return _new_session(path, _session_options(opts, fallback=False))
+    except Exception as exc:
+        raise NpuchatError(
+            f"the NPU could not load {path.name} ({_first_line(exc)}); "
+            "delete the cache folder and start again"
+        ) from exc

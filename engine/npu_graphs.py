@@ -1,0 +1,168 @@
+"""Running a model's static NPU graphs over the host KV cache.
+
+The CPU path runs one symbolic graph for every step; the NPU has one compiled graph per step
+shape (`npu_compile.npu_specs`): `decode` (S = 1), `prefill` (S = P) and `verify` (S = k+1),
+all at one capacity C. A step with fewer rows than its graph is *left-padded*: the pad rows
+come first, the mask hides them from the real rows (`KVCache.fill_mask(pad=…)`), the last row
+is always a real one (prefill's logit row), and only the real rows' K/V are written back.
+Pad rows repeat the first real row's embedding and rotary angle rather than zeros, so every
+value the fp16 HTP computes for them stays finite (a NaN in a masked column would still poison
+the softmax of the real rows).
+
+Every input and output is an OrtValue over a preallocated numpy buffer bound once (IOBinding);
+the cache buffers are bound by reference, so a step copies only the new rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .devices import QnnOptions
+from .errors import NpuchatError
+from .gguf_reader import ModelConfig
+from .graph_builder import GraphSpec
+from .kvcache import KVCache
+from .npu_compile import CompiledGraphs, compile_npu_graphs, load_compiled_session, npu_specs
+from .runtime import GraphCache
+
+__all__ = ["NpuGraphs"]
+
+ProgressFn = Callable[[str, float], None]
+
+
+class _Bound:
+    """One compiled graph: its session, IOBinding and preallocated buffers."""
+
+    def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, spec: GraphSpec) -> None:
+        assert spec.seq_len is not None and spec.capacity is not None and spec.logit_rows
+        s, c, r = spec.seq_len, spec.capacity, spec.logit_rows
+        f32 = np.float32
+        self.session = session
+        self.seq_len, self.rows = s, r
+        self.embeddings = np.zeros((1, s, cfg.d_model), f32)
+        self.mask = np.zeros((1, 1, s, c + s), f32)
+        self.cos = np.zeros((1, s, cfg.head_dim // 2), f32)
+        self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
+        self.logit_rows = np.arange(s - r, s, dtype=np.int64)
+        self.logits = np.zeros((r, cfg.vocab_size), f32)
+        kv_shape = (1, cfg.n_kv_heads, s, cfg.head_dim)
+        self.new_k = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
+        self.new_v = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
+        self.io = session.io_binding()
+        self._values: list[ort.OrtValue] = []  # keep the OrtValues alive while bound
+        for name, arr in (
+            ("embeddings", self.embeddings),
+            ("mask", self.mask),
+            ("cos", self.cos),
+            ("sin", self.sin),
+            ("logit_rows", self.logit_rows),
+        ):
+            self._bind(name, arr, output=False)
+        self._bind("logits", self.logits, output=True)
+        for i in range(cfg.n_layers):
+            self._bind(f"new_k_{i}", self.new_k[i], output=True)
+            self._bind(f"new_v_{i}", self.new_v[i], output=True)
+        self.cache_generation = -1
+
+    def _bind(self, name: str, arr: np.ndarray, output: bool) -> None:
+        value = ort.OrtValue.ortvalue_from_numpy(arr)
+        if output:
+            self.io.bind_ortvalue_output(name, value)
+        else:
+            self.io.bind_ortvalue_input(name, value)
+        self._values.append(value)
+
+    def bind_cache(self, kv: KVCache) -> None:
+        if self.cache_generation == kv.generation:
+            return
+        for i in range(kv.n_layers):
+            self._bind(f"past_k_{i}", kv.k[i], output=False)
+            self._bind(f"past_v_{i}", kv.v[i], output=False)
+        self.cache_generation = kv.generation
+
+
+class NpuGraphs:
+    """The compiled graph set of one model at one capacity, and the step that runs it."""
+
+    def __init__(self, compiled: CompiledGraphs, cfg: ModelConfig, opts: QnnOptions) -> None:
+        self.compiled = compiled
+        self.capacity = next(iter(compiled.specs.values())).capacity
+        t0 = time.perf_counter()
+        self._graphs = {
+            name: _Bound(load_compiled_session(compiled.ctx_model(name), opts), cfg, spec)
+            for name, spec in compiled.specs.items()
+        }
+        self.load_seconds = time.perf_counter() - t0
+
+    @classmethod
+    def load(
+        cls,
+        gguf_path: Path,
+        cfg: ModelConfig,
+        model_sha: str,
+        cache: GraphCache,
+        *,
+        prefill_chunk: int,
+        verify_k: int,
+        capacity: int,
+        accuracy_level: int = 4,
+        opts: QnnOptions | None = None,
+        progress: ProgressFn | None = None,
+    ) -> NpuGraphs:
+        """Compile (first use) or load (later) the graphs, then open one session per graph."""
+        opts = opts or QnnOptions()
+        specs = npu_specs(prefill_chunk, verify_k, capacity, accuracy_level)
+        compiled = compile_npu_graphs(gguf_path, model_sha, specs, cache, opts, progress)
+        if progress:
+            progress("loading NPU graphs", 0.0)
+        return cls(compiled, cfg, opts)
+
+    @property
+    def folder(self) -> Path:
+        return self.compiled.folder
+
+    def _pick(self, s: int, all_rows: bool) -> _Bound:
+        if s == 1:
+            return self._graphs["decode"]
+        name = "verify" if all_rows else "prefill"
+        graph = self._graphs.get(name)
+        if graph is None or s > graph.seq_len:
+            raise NpuchatError(f"no NPU graph takes {s} rows at once ({name}); this is a bug")
+        return graph
+
+    def step(
+        self,
+        embeddings: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        kv: KVCache,
+        all_rows: bool,
+    ) -> np.ndarray:
+        """Run `s` new rows at slot `kv.n`; write their K/V into the cache; return logits.
+
+        `embeddings` is `[s, D]`, `cos`/`sin` `[s, dh/2]` for positions n..n+s-1. Returns the
+        last row's logits `[1, vocab]`, or every row's `[s, vocab]` when `all_rows`. The caller
+        advances `kv.n`.
+        """
+        s, n = embeddings.shape[0], kv.n
+        if kv.capacity != self.capacity:
+            raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
+        g = self._pick(s, all_rows)
+        pad = g.seq_len - s
+        g.embeddings[0, pad:] = embeddings
+        g.cos[0, pad:] = cos
+        g.sin[0, pad:] = sin
+        if pad:
+            g.embeddings[0, :pad] = embeddings[0]
+            g.cos[0, :pad] = cos[0]
+            g.sin[0, :pad] = sin[0]
+        kv.fill_mask(g.mask, pad)
+        g.bind_cache(kv)
+        g.session.run_with_iobinding(g.io)
+        kv.write(g.new_k, g.new_v, slice(pad, None), n)
+        return g.logits[pad:].copy() if all_rows else g.logits.copy()
