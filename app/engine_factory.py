@@ -33,13 +33,18 @@ VERIFY_K = 8  # widest verify a drafter may ask for; adaptive k picks what pays
 def parse_draft(draft: str) -> tuple[str | None, bool]:
     """`--draft` → (draft model name or None, use the lookup drafter).
 
-    "" = the catalog's default draft (if the model has one) plus lookup; "none" = plain decoding;
-    "lookup"; "NAME"; "NAME+lookup". An empty name is "default" ("+lookup" alone = lookup).
+    "" or "none" = plain decoding; "default" = the catalog's draft (if the model has one) plus
+    lookup; "lookup"; "NAME"; "NAME+lookup".
+
+    Speculation is opt-in on this build: ONNX Runtime's one-row and multi-row int8 MatMulNBits
+    kernels quantize activations differently, so `verify` rows differ from `decode` logits by up
+    to ~0.7 on real models and a near-tie can flip; only plain decoding is exactly the target's
+    own output. With float activations (accuracy_level 0) every mode is exact.
     """
     text = draft.strip()
-    if text in ("", "default"):
+    if text == "default":
         return "", True
-    if text == "none":
+    if text in ("", "none"):
         return None, False
     parts = [p.strip() for p in text.split("+")]
     lookup = LOOKUP in parts

@@ -25,7 +25,7 @@ DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 @dataclass
 class Settings:
-    """What the user can set. Empty `draft` means "the model's catalog default"."""
+    """What the user can set. Empty `draft` means plain decoding; "default" is the catalog draft."""
 
     model: str = DEFAULT_MODEL
     draft: str = ""

@@ -55,6 +55,7 @@ class Drafter:
 
     name: str = "drafter"
     stats: _Stats
+    prior_alpha: float = 0.7  # acceptance assumed before any is measured
 
     def propose(
         self,
@@ -82,6 +83,8 @@ class LookupDrafter(Drafter):
     """
 
     name = "lookup"
+    # n-gram matches are often spurious outside quoted text: assume little until measured
+    prior_alpha = 0.5
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
         self.max_ngram = max_ngram

@@ -12,13 +12,18 @@ normalize(max(0, p − q)); when all k are accepted a bonus token is drawn from 
 has exactly the target's distribution. At temperature 0 p and q are one-hot, so this is "accept
 while the target's argmax equals the draft". A row whose top-2 margin is below `tie_margin` is
 not decided from the verify logits: batched and single-token kernels may round differently, so
-that position is recomputed by `decode`, the path plain decoding takes.
+that position is recomputed by `decode`, the path plain decoding takes. That makes the output
+token-exact where the two paths differ by float rounding (accuracy_level 0: ~5e-5). With int8
+activations (accuracy_level 4) ONNX Runtime's one-row and multi-row MatMulNBits kernels quantize
+activations differently (logits differ by up to ~0.7), so the K/V rows written by verify differ
+from decode's and a later near-tie can flip: exactness there needs kernels that agree.
 
-Adaptive k: `CostModel` measures, while generating, the target's decode step, its verify time at
-each width, each drafter's own costs and its acceptance rate, and picks the k with the best
-expected tokens per second — or k = 0 (plain decoding) when no k beats decoding. Unmeasured
-verify widths get an optimistic guess, so they are tried once and then known; a drafter that
-is not used is retried now and then, so acceptance estimates follow the conversation.
+Adaptive k: `CostModel` measures, at load (`calibrate`) and while generating, the target's decode
+step, its verify time at each width, each drafter's own costs and its acceptance rate, and picks
+the k with the best expected tokens per second — or k = 0 (plain decoding) when no k beats
+decoding by a margin, counting a draft model's catch-up prefill. Unmeasured verify widths are
+interpolated from measured ones; a drafter that is not used is retried now and then, so its
+acceptance estimate follows the conversation.
 """
 
 from __future__ import annotations
@@ -104,9 +109,11 @@ class CostModel:
     def record_verify(self, width: int, dt: float) -> None:
         self._ver.setdefault(width, _Recent()).add(dt)
 
-    def record_draft(self, name: str, sync_s: float, outcomes: Sequence[bool]) -> None:
+    def record_draft(
+        self, name: str, sync_s: float, outcomes: Sequence[bool], prior: float = 0.7
+    ) -> None:
         self.sync_s[name] = _ema(self.sync_s.get(name), sync_s)
-        a = self.alpha.get(name, 0.7)
+        a = self.alpha.get(name, prior)
         for ok in outcomes:
             a = 0.8 * a + 0.2 * float(ok)
         self.alpha[name] = a
@@ -133,7 +140,7 @@ class CostModel:
         assert self.t_dec is not None
         if k == 0:
             return 1.0 / self.t_dec
-        alpha = min(self.alpha.get(drafter.name, 0.7), 0.99)
+        alpha = min(self.alpha.get(drafter.name, drafter.prior_alpha), 0.99)
         expected = (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
         step = drafter.stats.step_s or 0.0
         sync = self.sync_s.get(drafter.name, step)  # until measured: about one draft step
@@ -280,7 +287,7 @@ class SpeculativeDecoder:
         dt = self._clock() - t0
         if not tie:
             self.costs.record_verify(len(d.tokens) + 1, dt)
-        self.costs.record_draft(drafter.name, d.sync_s, outcomes)
+        self.costs.record_draft(drafter.name, d.sync_s, outcomes, drafter.prior_alpha)
         for t in accepted:
             sampler.accept(t)
         sampler.accept(token)

@@ -505,12 +505,11 @@ def test_cli_draft_modes_give_the_same_tokens(
     base = ["--model", "syn-target"]
     plain, m0 = _json_run([*base, "--draft", "none"], capsys)
     assert m0["draft"] == "" and m0["drafted"] == 0
-    for draft in ("lookup", "syn-draft", "syn-draft+lookup", ""):
+    for draft in ("lookup", "syn-draft", "syn-draft+lookup", "default", ""):
         ids, m = _json_run([*base, "--draft", draft], capsys)
         assert ids == plain, draft
-        assert m["draft"] == {"": "lookup", "syn-draft+lookup": "lookup+syn-draft"}.get(
-            draft, draft
-        )
+        expected = {"": "", "default": "lookup", "syn-draft+lookup": "lookup+syn-draft"}
+        assert m["draft"] == expected.get(draft, draft)
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ class _Field:
 
 _FIELDS: tuple[_Field, ...] = (
     _Field("model", "Model", "text", hint="empty: the default model"),
-    _Field("draft", "Draft", "text", hint="empty: catalog default · none · lookup · a name"),
+    _Field("draft", "Draft", "text", hint="empty: none · lookup · default · a name"),
     _Field("temperature", "Temperature", "float", 0.0, 5.0, "0 = greedy"),
     _Field("top_p", "Top-p", "float", 0.0, 1.0),
     _Field("top_k", "Top-k", "int", 0, 100_000, "0 = off"),
