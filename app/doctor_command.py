@@ -23,9 +23,9 @@ from npuchat.engine import devices
 from npuchat.engine.errors import NpuchatError
 
 from .context import AppContext
+from .engine_factory import VERIFY_K
 
-DEFAULT_PREFILL_CHUNK = 128  # Model.load's defaults: the graphs a chat compiles
-DEFAULT_VERIFY_K = 4
+DEFAULT_PREFILL_CHUNK = 128  # Model.load's default chunk: the graphs a chat compiles
 
 
 def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,7 +85,7 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
         raise NpuchatError(f"--device npu: {devices.npu_status().reason}")
     opts = devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch)
     capacity = default_npu_capacity(cfg.context_length)
-    specs = npu_specs(DEFAULT_PREFILL_CHUNK, DEFAULT_VERIFY_K, capacity)
+    specs = npu_specs(DEFAULT_PREFILL_CHUNK, VERIFY_K, capacity)
     cache_dir = ctx.paths.cache_dir
     progress = Progress(
         TextColumn("{task.description}"),

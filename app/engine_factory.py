@@ -104,13 +104,16 @@ def load_drafters(
     report(f"loading draft {name}", 0.0)
     with GGUFFile(path) as g:
         ctx_len = min(g.config.context_length, target.max_capacity)
+    # heterogeneous split: the draft may run elsewhere (`draft_device`); the loop stays on the host
+    draft_device = resolve_device(ctx.settings.draft_device) if ctx.settings.draft_device else None
     dm = Model.load(
         path,
         cache_dir=ctx.paths.cache_dir,
-        device=target.device,
+        device=draft_device or target.device,
         threads=ctx.settings.threads or None,
         capacities=default_capacities(ctx_len),
         progress=report,
+        npu_options=devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch),
     )
     drafter = ModelDrafter(dm, name)
     drafter.calibrate(list(range(16, 32)))
@@ -157,6 +160,7 @@ def open_engine(
         threads=threads,
         progress=report,
         verify_k=VERIFY_K,
+        npu_options=devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch),
     )
     try:
         drafters = load_drafters(

@@ -20,10 +20,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_builder import BUILDER_VERSION, GraphSpec, build_graphs, rope_tables, spec_digest
 from .kvcache import KVCache, KVSnapshot
+from .npu_compile import default_npu_capacity
+from .npu_graphs import NpuGraphs
 from .quant import dequantize_rows
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
 
@@ -54,6 +57,7 @@ class Model:
 
     def __init__(self) -> None:  # use Model.load
         self._session: ort.InferenceSession | None = None
+        self._npu: NpuGraphs | None = None  # device "npu": compiled static graphs instead
         self._io: ort.IOBinding | None = None
         self._gguf: GGUFFile | None = None
 
@@ -70,6 +74,7 @@ class Model:
         threads: int | None = None,
         progress: Progress | None = None,
         accuracy_level: int = 4,
+        npu_options: QnnOptions | None = None,
     ) -> Model:
         """Open `gguf_path`, build (or reuse from `cache_dir`) its graphs and start a session.
 
@@ -93,6 +98,7 @@ class Model:
                 threads,
                 report,
                 accuracy_level,
+                npu_options,
             )
         except BaseException:
             self.close()
@@ -109,6 +115,7 @@ class Model:
         threads: int | None,
         report: Progress,
         accuracy_level: int,
+        npu_options: QnnOptions | None = None,
     ) -> None:
         self.config = cfg = self._gguf.config
         self.device = device
@@ -118,25 +125,45 @@ class Model:
         window = int(self._gguf.metadata.get(f"{cfg.arch}.attention.sliding_window", 0) or 0)
         context = min(cfg.context_length, window) if window > 0 else cfg.context_length
         caps = list(capacities) if capacities else default_capacities(context)
+        if device == "npu":  # one static capacity: each costs a compiled binary per graph
+            caps = [max(capacities) if capacities else default_npu_capacity(context)]
         if max(caps) > context:
             raise NpuchatError(f"KV capacity {max(caps)} exceeds {cfg.name}'s context of {context}")
         report("hashing model", 0.0)
         self.sha256 = model_sha256(self.path, cache_dir)
-        specs = {"decoder": GraphSpec(None, None, None, accuracy_level, fused_norms=True)}
-        key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
-        self._graph_cache = GraphCache(cache_dir)
-        t0 = time.perf_counter()
+        if device == "npu":
+            self._graph_cache = GraphCache(cache_dir)
+            t0 = time.perf_counter()
+            self._npu = NpuGraphs.load(
+                self.path,
+                cfg,
+                self.sha256,
+                self._graph_cache,
+                prefill_chunk=self.prefill_chunk,
+                verify_k=self.verify_k,
+                capacity=caps[0],
+                accuracy_level=accuracy_level,
+                opts=npu_options,
+                progress=report,
+            )
+            self.graph_dir = self._npu.folder
+            self.load_seconds = time.perf_counter() - t0
+        else:
+            specs = {"decoder": GraphSpec(None, None, None, accuracy_level, fused_norms=True)}
+            key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
+            self._graph_cache = GraphCache(cache_dir)
+            t0 = time.perf_counter()
 
-        def build(folder: Path) -> None:
-            build_graphs(self.path, specs, folder, lambda f: report("building graphs", f))
+            def build(folder: Path) -> None:
+                build_graphs(self.path, specs, folder, lambda f: report("building graphs", f))
 
-        self.graph_dir = self._graph_cache.get_or_build(
-            key, build, {"model": self.path.name, "sha256": self.sha256}
-        )
-        report("loading graphs", 0.0)
-        self._session = create_session(self.graph_dir / "decoder.onnx", device, threads)
-        self.load_seconds = time.perf_counter() - t0
-        self._io = self._session.io_binding()
+            self.graph_dir = self._graph_cache.get_or_build(
+                key, build, {"model": self.path.name, "sha256": self.sha256}
+            )
+            report("loading graphs", 0.0)
+            self._session = create_session(self.graph_dir / "decoder.onnx", device, threads)
+            self.load_seconds = time.perf_counter() - t0
+            self._io = self._session.io_binding()
         self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
         self._bound_cache = -1  # KVCache.generation whose buffers are bound
         self._bound_step: tuple[int, int, int] | None = None  # (S, R, cache generation)
@@ -182,6 +209,7 @@ class Model:
 
     def close(self) -> None:
         self._session = None
+        self._npu = None
         self._io = None
         if getattr(self, "_gguf", None) is not None:
             self._emb_raw = None
@@ -242,7 +270,7 @@ class Model:
         )
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        if self._session is None:
+        if self._session is None and self._npu is None:
             raise NpuchatError("the model is closed; load it again")
         out = [int(t) for t in ids]
         bad = [t for t in out if not 0 <= t < self.config.vocab_size]
@@ -287,6 +315,11 @@ class Model:
         kv = self._kv
         n = kv.n
         kv.ensure(n + s)
+        if self._npu is not None:
+            emb, pos = self.embed(ids), slice(n, n + s)
+            logits = self._npu.step(emb, self._cos[pos], self._sin[pos], kv, all_rows)
+            kv.n = n + s
+            return logits
         buf = self._bind(s, s if all_rows else 1)
         buf.embeddings[0] = self.embed(ids)
         buf.cos[0] = self._cos[n : n + s]

@@ -28,7 +28,7 @@ import onnxruntime as ort
 from .errors import NpuchatError
 
 MANIFEST = "manifest.json"
-DEVICES = ("cpu",)
+DEVICES = ("cpu", "npu")
 _HASH_CHUNK = 8 << 20
 
 
@@ -141,6 +141,8 @@ def providers_for(device: str) -> list[str]:
     """The execution providers for a device name; the one place a new device is added."""
     if device == "cpu":
         return ["CPUExecutionProvider"]
+    if device == "npu":  # a plugin EP: its sessions select its device (npu_compile)
+        return ["QNNExecutionProvider"]
     raise NpuchatError(f"unknown device {device!r}; use one of: {', '.join(DEVICES)}")
 
 

@@ -387,3 +387,87 @@ def test_smollm2_smoke_npu_equals_cpu(real_gguf, tmp_path: Path) -> None:
     want_tokens, want = _cpu_greedy(path, tmp_path / "cpu", prompt, 4)
     assert got_tokens == want_tokens
     assert _rel_err(got, want) < 3 * REL_TOL  # 30 layers of fp16 rounding, not 2-4
+
+
+def test_model_on_npu_equals_cpu(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+    """`Model.load(device="npu")`: chunked prefill, decode, verify and rollback give the CPU's
+    greedy tokens and fp16-level logits; a second load does not recompile."""
+    path = synthetic_gguf("qwen2", "q4_1")
+    kw = {"prefill_chunk": PREFILL, "verify_k": VERIFY_K, "capacities": [32, CAPACITY]}
+    prompt = _prompt(403, 37)  # three chunks, the last one padded
+    with Model.load(path, cache_dir=tmp_path, device="npu", accuracy_level=0, **kw) as npu:
+        assert (npu.capacity, npu.max_capacity, npu.graph_builds) == (CAPACITY, CAPACITY, 1)
+        got_tokens, got = _greedy(npu.prefill, npu.decode, prompt, 16)
+        end = npu.n_past
+        npu.rollback(end - 4)
+        rows = npu.verify(got_tokens[-4:])
+        assert npu.n_past == end
+    with Model.load(path, cache_dir=tmp_path, device="cpu", accuracy_level=0, **kw) as cpu:
+        want_tokens, want = _greedy(cpu.prefill, cpu.decode, prompt, 16)
+    assert got_tokens == want_tokens
+    assert _rel_err(got, want) < REL_TOL and _rel_err(rows, want[-4:]) < REL_TOL
+    with Model.load(path, cache_dir=tmp_path, device="npu", accuracy_level=0, **kw) as again:
+        assert again.graph_builds == 0 and again.graph_dir == npu.graph_dir
+        np.testing.assert_array_equal(again.prefill(prompt), got[0])
+
+
+def test_run_command_npu_equals_cpu(
+    synthetic_gguf,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`npuchat run --device npu` streams the same greedy tokens as `--device cpu`, and the
+    second run loads the compiled binaries instead of compiling."""
+    from npuchat.app.cli import main
+    from npuchat.app.context import AppContext
+
+    path = synthetic_gguf("llama", "q8_0", context_length=256)
+    assert main(["import", str(path), "--name", "syn"]) == 0
+    capsys.readouterr()
+    args = ["--model", "syn", "--raw", "-p", "Hello world! How are you", "-n", "16", "--json"]
+    args += ["--draft", "none"]
+
+    def run(device: str) -> list[int]:
+        assert main(["run", *args, "--device", device]) == 0
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert lines[-1]["metrics"]["device"] == device
+        return [x["id"] for x in lines[:-1]]
+
+    cpu = run("cpu")
+    assert len(cpu) == 16
+    assert run("npu") == cpu
+    graphs = AppContext.load().paths.cache_dir / "graphs"
+    before = {p: p.stat().st_mtime_ns for p in graphs.rglob("*_qnn.bin")}
+    assert len(before) == 3
+    assert run("npu") == cpu
+    assert {p: p.stat().st_mtime_ns for p in graphs.rglob("*_qnn.bin")} == before
+
+
+def test_draft_on_npu_target_on_cpu(
+    synthetic_gguf,  # noqa: F811
+    isolated_home: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Heterogeneous split (`draft_device = "npu"`): the draft model's graphs are compiled for
+    the HTP while the target runs on the CPU, and greedy output stays the target's own."""
+    from npuchat.app.cli import main
+    from npuchat.app.context import AppContext
+
+    target = synthetic_gguf("llama", "q8_0", context_length=256, n_layers=2)
+    draft = synthetic_gguf("llama", "q8_0", context_length=256, n_layers=1)
+    assert main(["import", str(target), "--name", "syn-target"]) == 0
+    assert main(["import", str(draft), "--name", "syn-draft"]) == 0
+    cfg = isolated_home / "config" / "config.toml"
+    cfg.write_text('draft_device = "npu"\n' + cfg.read_text())
+    capsys.readouterr()
+    args = ["run", "--model", "syn-target", "--device", "cpu", "--raw", "-n", "12", "--json"]
+    args += ["-p", "Hello world! Hello world! Hello"]
+
+    def tokens(draft_arg: str) -> list[int]:
+        assert main([*args, "--draft", draft_arg]) == 0
+        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        return [x["id"] for x in lines[:-1]]
+
+    plain = tokens("none")
+    assert tokens("syn-draft") == plain
+    graphs = AppContext.load().paths.cache_dir / "graphs"
+    assert len(list(graphs.rglob("*_qnn.bin"))) == 3  # the draft's decode/prefill/verify
