@@ -139,6 +139,10 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         EngineSpec(model, args.run_draft, device),
         pull_progress=RichPullProgress(Console(stderr=True)),
     )
+    if device in ("", "auto"):  # say what `auto` chose, and why
+        from npuchat.engine.devices import resolve_device
+
+        print(f"npuchat: device {resolve_device(device)[1]}", file=sys.stderr)
     system = _system_prompt(args, ctx)
     messages = (*history, ChatMessage("user", prompt))
     cancel = threading.Event()

@@ -101,3 +101,8 @@ def test_run_errors(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_auto_device_says_what_it_chose(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--model", "syn", "-p", "hi", "-n", "2", "--device", "auto"]) == 0
+    assert "npuchat: device cpu (auto: " in capsys.readouterr().err
