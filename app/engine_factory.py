@@ -14,7 +14,7 @@ from npuchat.engine.errors import NpuchatError
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.model import Model, default_capacities
 from npuchat.engine.pull import PullProgress, pull
-from npuchat.engine.session import ChatSession
+from npuchat.engine.session import ChatSession, SessionOptions
 
 from .context import AppContext
 from .engine_port import EngineLoader, EngineSpec, ProgressCallback
@@ -27,6 +27,7 @@ def resolve_device(requested: str) -> str:
 
 
 LOOKUP = "lookup"
+KEEP_WARM_S = 20.0  # idle seconds between keep-warm ticks (see SessionOptions.keep_warm_s)
 VERIFY_K = 8  # widest verify a drafter may ask for; adaptive k picks what pays
 
 
@@ -161,6 +162,7 @@ def open_engine(
         progress=report,
         verify_k=VERIFY_K,
         npu_options=devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch),
+        options=SessionOptions(keep_warm_s=KEEP_WARM_S),
     )
     try:
         drafters = load_drafters(

@@ -22,12 +22,13 @@ import threading
 import time
 from pathlib import Path
 
+from npuchat.app.engine_factory import KEEP_WARM_S
 from npuchat.engine.bench import Reply, ask, system_prompt
 from npuchat.engine.catalog import Catalog
 from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams
 from npuchat.engine.paths import Paths
 from npuchat.engine.pull import pull
-from npuchat.engine.session import ChatSession
+from npuchat.engine.session import ChatSession, SessionOptions
 
 REPLY_TOKENS = 8
 
@@ -51,7 +52,9 @@ def open_session(model: str, cache: Path) -> ChatSession:
         path = catalog.resolve(model)
     except Exception:
         path, _ = pull(Catalog.load(Paths(root, root, root, root / "models")), model)
-    return ChatSession.open(path, name=model, cache_dir=cache, capacities=[2048])
+    # the app's keep-warm setting, so the idle case measures what a user gets
+    opts = SessionOptions(keep_warm_s=KEEP_WARM_S)
+    return ChatSession.open(path, name=model, cache_dir=cache, capacities=[2048], options=opts)
 
 
 def child(model: str, cache: Path, system: str) -> None:

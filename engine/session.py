@@ -49,6 +49,12 @@ _PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
 class SessionOptions:
     prefix_budget_bytes: int = 512 << 20
     persist_prefixes: bool = True
+    # A chat app idles between turns, and this kind of machine reclaims pages left untouched for
+    # ~60 s (the mapped weights, ORT's code); the next turn then faults them back in slowly. A
+    # one-token decode (rolled back) every `keep_warm_s` of idleness keeps them resident for a
+    # few ms of CPU. 0 (the default, for library use and tests) turns it off; the app sets it.
+    # It only runs on the CPU (a simulated NPU step costs seconds).
+    keep_warm_s: float = 0.0
 
 
 class _StopMatcher:
@@ -111,7 +117,16 @@ class ChatSession:
         self._tokens: list[int] = []  # tokens whose K/V are in slots [0, n_past)
         self.speculative: SpeculativeDecoder | None = None  # see use_drafters
         self._system_cache: dict[str, list[int]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the model runs (a reply or a warm tick)
+        self._state = threading.Lock()  # guards _generating
+        self._generating = False
+        self._last_used = clock()
+        self._closed = threading.Event()
+        self.warm_ticks = 0
+        if opts.keep_warm_s > 0 and device == "cpu":
+            threading.Thread(
+                target=self._keep_warm, args=(opts.keep_warm_s,), daemon=True, name="keep-warm"
+            ).start()
         self.stop_ids = set(tokenizer.eot_ids)
         marker = template.end_marker
         if marker is not None and (mid := tokenizer.token_to_id(marker)) is not None:
@@ -183,7 +198,28 @@ class ChatSession:
     def cached_tokens(self) -> list[int]:
         return list(self._tokens)
 
+    def _keep_warm(self, interval: float) -> None:
+        """Touch every weight once per idle interval (see SessionOptions.keep_warm_s)."""
+        while not self._closed.wait(interval / 2):
+            if self._clock() - self._last_used < interval or not self._lock.acquire(False):
+                continue
+            try:
+                model = self.model
+                n = model.n_past
+                if not self._closed.is_set() and 0 < n < model.max_capacity and self._tokens:
+                    model.decode(self._tokens[-1])  # writes slot n only; rolled back below
+                    model.rollback(n)
+                    self.warm_ticks += 1
+                    self._last_used = self._clock()
+            except Exception:  # a warm tick must never take the app down
+                log.exception("keep-warm tick failed")
+            finally:
+                self._lock.release()
+
     def close(self) -> None:
+        self._closed.set()
+        if self._lock.acquire(timeout=5):  # let a warm tick in progress finish first
+            self._lock.release()
         if self.speculative is not None:
             self.speculative.close()
         self.model.close()
@@ -270,9 +306,12 @@ class ChatSession:
         *,
         sampling: SamplingParams | None = None,
     ) -> Iterator[Event]:
-        if not self._lock.acquire(blocking=False):
+        with self._state:
+            busy, self._generating = self._generating, True
+        if busy:
             yield Failed("a reply is already being generated; wait for it or stop it first")
             return
+        self._lock.acquire()  # at most one warm tick (one decode step) to wait for
         try:
             yield from self._generate(request, cancel, sampling)
         except NpuchatError as exc:
@@ -282,7 +321,10 @@ class ChatSession:
             yield Failed(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._tokens = self._tokens[: self.model.n_past]
+            self._last_used = self._clock()
             self._lock.release()
+            with self._state:
+                self._generating = False
 
     def complete(
         self, ids: Sequence[int], sampling: SamplingParams, cancel: threading.Event

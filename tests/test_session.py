@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from npuchat.engine.events import (
     TokenDelta,
 )
 from npuchat.engine.model import Model
-from npuchat.engine.session import ChatSession, _StopMatcher
+from npuchat.engine.session import ChatSession, SessionOptions, _StopMatcher
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 WORDS = ["hello", "world", "the", "fox", "def", "return", "model", "small", "x", "42"]
@@ -280,3 +281,21 @@ def test_stop_string_ends_reply(session: ChatSession) -> None:
 
 
 RunFn = Callable[[ChatSession, ChatRequest], list[Event]]
+
+
+def test_keep_warm_ticks_while_idle_and_change_nothing(model_path: Path, cache_dir: Path) -> None:
+    s = _open(model_path, cache_dir, options=SessionOptions(keep_warm_s=0.05))
+    try:
+        req = _req("You are terse.", ("user", "hello world"))
+        first = _text(_run(s, req))
+        n, tokens = s.model.n_past, s.cached_tokens
+        deadline = time.monotonic() + 5
+        while s.warm_ticks < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.warm_ticks >= 2
+        assert s.model.n_past == n and s.cached_tokens == tokens
+        for _ in range(3):  # replies start fine while ticks run, and are unchanged by them
+            again = _run(s, req)
+            assert isinstance(again[-1], Finished) and _text(again) == first
+    finally:
+        s.close()
