@@ -24,40 +24,15 @@ import threading
 import time
 from pathlib import Path
 
+from npuchat.engine import bench
 from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
 from npuchat.engine.model import Model
 from npuchat.engine.session import ChatSession, SessionOptions
 from npuchat.engine.speculative import SpeculativeDecoder
 
-EDIT_CODE = '''\
-def compute_total(items, tax_rate):
-    """Return the total price of the items, tax included."""
-    subtotal = 0.0
-    for item in items:
-        price = item["price"]
-        quantity = item.get("quantity", 1)
-        subtotal += price * quantity
-    tax = subtotal * tax_rate
-    return round(subtotal + tax, 2)
-
-
-def cheapest(items):
-    """Return the cheapest item, or None for an empty list."""
-    best = None
-    for item in items:
-        if best is None or item["price"] < best["price"]:
-            best = item
-    return best
-'''
-
-PROMPTS = {
-    "code": "Write a Python function that merges two sorted lists into one sorted list, "
-    "with a docstring and a few doctests.",
-    "edit": "Rename `compute_total` to `total_price` and add type hints to both functions. "
-    "Reply with the complete updated code only.\n\n```python\n" + EDIT_CODE + "```",
-    "chat": "What are the main differences between TCP and UDP? Answer in a short paragraph.",
-}
+# one prompt set for this script and `npuchat bench` (engine/bench.py)
+PROMPTS = bench.PROMPTS
 
 
 def _resolve(name: str) -> Path:
