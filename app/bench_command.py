@@ -195,6 +195,11 @@ def _speed_tables(report: dict[str, Any]) -> list[Table]:
     return out
 
 
+def _stat_row(t: Table, label: str, f: dict[str, Any], note: str, *args: Any, **kw: Any) -> None:
+    """One figure as median, min–max and a note (args as for `_fig`)."""
+    t.add_row(label, _fig(f, *args, **kw), _spread(f, *args, **kw), note)
+
+
 def _summary_table(report: dict[str, Any]) -> Table:
     t = Table(title="Start, chat, prefix reuse, memory", title_justify="left")
     t.add_column("figure")
@@ -202,57 +207,67 @@ def _summary_table(report: dict[str, Any]) -> Table:
     t.add_column("min–max", justify="right")
     t.add_column("note")
     if start := report.get("start"):
-        t.add_row(
+        builds = start["cold_graph_builds"]
+        _stat_row(
+            t,
             "cold start to ready (s)",
-            _fig(start["cold_s"], digits=2),
-            _spread(start["cold_s"], digits=2),
-            f"new process, empty cache: {start['cold_graph_builds']} graph build(s)",
+            start["cold_s"],
+            f"new process, empty cache: {builds} graph build(s)",
+            digits=2,
         )
-        t.add_row(
+        _stat_row(
+            t,
             "cached start to ready (s)",
-            _fig(start["cached_s"], digits=2),
-            _spread(start["cached_s"], digits=2),
+            start["cached_s"],
             f"new process, {start['cached_graph_builds']} builds",
+            digits=2,
         )
-        t.add_row(
+        _stat_row(
+            t,
             "cached start incl. Python (s)",
-            _fig(start["cached_process_s"], digits=2),
-            _spread(start["cached_process_s"], digits=2),
+            start["cached_process_s"],
             "from spawning the process: interpreter, imports, load",
+            digits=2,
         )
     if chat := report.get("chat"):
         note = f"{len(chat['prompts'])} prompts × {chat['max_tokens']} tokens"
         if chat["draft"]:
             note += f", draft {chat['draft']}"
-        t.add_row("chat TTFT (s)", _fig(chat["ttft_s"], digits=3), _spread(chat["ttft_s"], 1, 3))
-        t.add_row("chat total tok/s", _fig(chat["total_tps"]), _spread(chat["total_tps"]), note)
+        _stat_row(t, "chat TTFT (s)", chat["ttft_s"], "", digits=3)
+        _stat_row(t, "chat total tok/s", chat["total_tps"], note)
     if pr := report.get("prefix_reuse"):
-        t.add_row(
+        _stat_row(
+            t,
             "TTFT cold (s)",
-            _fig(pr["cold_ttft_s"], digits=3),
-            _spread(pr["cold_ttft_s"], digits=3),
+            pr["cold_ttft_s"],
             f"new {pr['system_tokens']}-token system prompt",
+            digits=3,
         )
-        t.add_row(
+        _stat_row(
+            t,
             "TTFT shared system prompt (s)",
-            _fig(pr["shared_ttft_s"], digits=3),
-            _spread(pr["shared_ttft_s"], digits=3),
+            pr["shared_ttft_s"],
             f"{pr['shared_vs_cold']:.3f}× cold",
+            digits=3,
         )
-        t.add_row(
+        _stat_row(
+            t,
             "TTFT after restart (s)",
-            _fig(pr["restart_ttft_s"], digits=3),
-            _spread(pr["restart_ttft_s"], digits=3),
+            pr["restart_ttft_s"],
             f"{pr['restart_vs_cold']:.3f}× cold (prefix from disk, new process)",
+            digits=3,
         )
     if mem := report.get("memory"):
         if "peak_rss_bytes" in mem:
-            t.add_row(
+            budget = mem["rss_budget_bytes"] / MIB
+            _stat_row(
+                t,
                 "peak RSS (MiB)",
-                _fig(mem["peak_rss_bytes"], 1 / MIB, 0),
-                _spread(mem["peak_rss_bytes"], 1 / MIB, 0),
+                mem["peak_rss_bytes"],
                 f"{mem['peak_rss_vs_budget']:.2f}× budget 1.3 × GGUF + KV in use "
-                f"({mem['rss_budget_bytes'] / MIB:.0f} MiB)",
+                f"({budget:.0f} MiB)",
+                1 / MIB,
+                0,
             )
         t.add_row("weights (MiB)", f"{mem['weight_bytes'] / MIB:.0f}", "", "GGUF file size")
         caps = ", ".join(
