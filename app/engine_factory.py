@@ -35,12 +35,8 @@ def parse_draft(draft: str) -> tuple[str | None, bool]:
     """`--draft` → (draft model name or None, use the lookup drafter).
 
     "" or "none" = plain decoding; "default" = the catalog's draft (if the model has one) plus
-    lookup; "lookup"; "NAME"; "NAME+lookup".
-
-    Speculation is opt-in on this build: ONNX Runtime's one-row and multi-row int8 MatMulNBits
-    kernels quantize activations differently, so `verify` rows differ from `decode` logits by up
-    to ~0.7 on real models and a near-tie can flip; only plain decoding is exactly the target's
-    own output. With float activations (accuracy_level 0) every mode is exact.
+    lookup; "lookup"; "NAME"; "NAME+lookup". Every mode gives the target's own output (the
+    `model` module doc says why verify and decode agree bit for bit).
     """
     text = draft.strip()
     if text == "default":

@@ -69,9 +69,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft",
         dest="run_draft",
-        default="",
-        help="speculative drafts: NAME, NAME+lookup, lookup or none "
-        "(default: the model's catalog draft, plus lookup)",
+        help="speculative drafts: lookup, NAME, NAME+lookup, default (the catalog draft plus "
+        "lookup) or none; every mode gives the same tokens (default: from settings, lookup)",
     )
     p.add_argument("--device", dest="run_device", choices=["npu", "cpu", "auto"])
 
@@ -136,7 +135,7 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
             ]
     engine = open_engine(
         ctx,
-        EngineSpec(model, args.run_draft, device),
+        EngineSpec(model, ctx.settings.draft if args.run_draft is None else args.run_draft, device),
         pull_progress=RichPullProgress(Console(stderr=True)),
     )
     if device in ("", "auto"):  # say what `auto` chose, and why

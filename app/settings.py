@@ -25,10 +25,15 @@ DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 @dataclass
 class Settings:
-    """What the user can set. Empty `draft` means plain decoding; "default" is the catalog draft."""
+    """What the user can set.
+
+    `draft`: "lookup" (the default: prompt-lookup drafts cost nothing and speculation is exact,
+    so it can only help), "default" (the catalog's draft model plus lookup), a model name, or
+    empty / "none" for plain decoding.
+    """
 
     model: str = DEFAULT_MODEL
-    draft: str = ""
+    draft: str = "lookup"
     device: str = "auto"
     draft_device: str = ""
     threads: int = 0

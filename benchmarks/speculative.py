@@ -162,7 +162,7 @@ def main() -> None:
             widths = ", ".join(f"{w}:{1000 * t:.0f}" for w, t in sorted(c.t_ver.items()))
             print(
                 f"cost model [{mode}]: decode {1000 * (c.t_dec or 0):.0f} ms, verify ms by width "
-                f"{{{widths}}}, acceptance {c.alpha}, tie fallbacks {dec.tie_fallbacks}"
+                f"{{{widths}}}, acceptance {c.alpha}"
             )
 
 

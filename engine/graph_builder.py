@@ -18,6 +18,14 @@ the NPU rejects; rotary is ONNX's own opset-23 `RotaryEmbedding`, which it accep
 against the cache and against the new rows are computed separately and concatenated, so the
 cache itself is never concatenated (copied) inside the graph.
 
+The CPU graph (`GraphSpec.kv_inplace`) differs in attention only: an int64 input `kv_slots`
+`[1, Hkv, S, 3]` says where the new rows go, ScatterND writes them into the cache, and every row
+attends the `[C]` cache columns under a `[1, 1, S, C]` mask. Its outputs `present_k_i`,
+`present_v_i` are the whole cache, bound by the host to the input buffers themselves, so the
+scatter is in place (ONNX Runtime skips ScatterND's copy when input and output share a buffer).
+Why: a token's row is then computed identically whether it arrives alone (decode) or with the
+drafts after it (verify), which exact speculative decoding needs (`model` module doc).
+
 Every op costs ~2–5 µs of dispatch on this CPU whatever its size, and SmolLM2 runs 30 layers per
 token in a ~8 ms budget, so the graph is built for few ops: Q/K/V and gate/up are one fused
 matmul each, biases ride in `MatMulNBits`' bias input, attention's 1/√dh is folded into the Q
@@ -53,7 +61,7 @@ from .gguf_reader import GGUFFile, ModelConfig
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "7"
+BUILDER_VERSION = "8"
 OPSET = 23  # RotaryEmbedding
 MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
 WEIGHTS_FILE = "weights.bin"
@@ -69,6 +77,7 @@ class GraphSpec:
     logit_rows: int | None
     accuracy_level: int = 4
     fused_norms: bool = True
+    kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
 
     def key(self) -> dict[str, Any]:
         return asdict(self)
@@ -378,6 +387,37 @@ def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FL
     return helper.make_tensor_value_info(name, elem, list(dims))
 
 
+def _attend_split(
+    gr: _Graph, i: int, q: str, k_new: str, v_new: str, mask: str, split_cs: str
+) -> str:
+    """Attention over the read-only cache plus the S new rows as separate column blocks.
+
+    The static (NPU) layout: the cache is never copied, only the new rows come out (`new_k_i`,
+    `new_v_i`, named by the caller) and the host writes them back.
+    """
+    kt_past = gr.op("Transpose", [f"past_k_{i}"], perm=[0, 1, 3, 2])
+    kt_new = gr.op("Transpose", [k_new], perm=[0, 1, 3, 2])
+    scores = gr.op("Concat", [gr.op("MatMul", [q, kt_past]), gr.op("MatMul", [q, kt_new])], axis=-1)
+    probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
+    p_past, p_new = gr.op("Split", [probs, split_cs], n_out=2, axis=-1)
+    return gr.op("Add", [gr.op("MatMul", [p_past, f"past_v_{i}"]), gr.op("MatMul", [p_new, v_new])])
+
+
+def _attend_inplace(gr: _Graph, i: int, q: str, k_new: str, v_new: str, mask: str) -> str:
+    """Attention after scattering the S new rows into the cache at `kv_slots` (the CPU layout).
+
+    Every row then attends the same `[C]` columns in the same order whether it came in a decode
+    step or a verify step, so the two give bit-identical results (speculation is exact). The
+    host binds `present_*_i` to the same buffers as `past_*_i`, and ONNX Runtime's ScatterND
+    skips its copy when input and output are one buffer: the rows land in the cache in place.
+    """
+    k_all = gr.op("ScatterND", [f"past_k_{i}", "kv_slots", k_new], outputs=[f"present_k_{i}"])
+    v_all = gr.op("ScatterND", [f"past_v_{i}", "kv_slots", v_new], outputs=[f"present_v_{i}"])
+    scores = gr.op("MatMul", [q, gr.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
+    probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
+    return gr.op("MatMul", [probs, v_all])
+
+
 def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.ModelProto:
     """The decoder graph for one `spec`, referencing the already written weights."""
     gr = _Graph(weights.tensors)
@@ -390,28 +430,35 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
     level = spec.accuracy_level
     eps = float(cfg.rms_eps)
 
+    inplace = spec.kv_inplace
     inputs = [
         _value_info("embeddings", [1, s_dim, d]),
-        _value_info("mask", [1, 1, s_dim, total]),
+        _value_info("mask", [1, 1, s_dim, c_dim if inplace else total]),
         _value_info("cos", [1, s_dim, dh // 2]),
         _value_info("sin", [1, s_dim, dh // 2]),
         _value_info("logit_rows", [r_dim], TensorProto.INT64),
     ]
+    if inplace:
+        inputs.append(_value_info("kv_slots", [1, hkv, s_dim, 3], TensorProto.INT64))
     outputs = [_value_info("logits", [r_dim, cfg.vocab_size])]
+    rows_dim = c_dim if inplace else s_dim
+    out_prefix = "present" if inplace else "new"
     for i in range(cfg.n_layers):
         inputs += [
             _value_info(f"past_k_{i}", [1, hkv, c_dim, dh]),
             _value_info(f"past_v_{i}", [1, hkv, c_dim, dh]),
         ]
         outputs += [
-            _value_info(f"new_k_{i}", [1, hkv, s_dim, dh]),
-            _value_info(f"new_v_{i}", [1, hkv, s_dim, dh]),
+            _value_info(f"{out_prefix}_k_{i}", [1, hkv, rows_dim, dh]),
+            _value_info(f"{out_prefix}_v_{i}", [1, hkv, rows_dim, dh]),
         ]
 
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
     # [C, S] split of the attention columns into cached slots and new rows.
     mask = gr.op("Tile", ["mask", gr.ints([1, 1, grp, 1])]) if grp > 1 else "mask"
-    if spec.capacity is not None and spec.seq_len is not None:
+    if inplace:
+        split_cs = ""
+    elif spec.capacity is not None and spec.seq_len is not None:
         split_cs = gr.ints([spec.capacity, spec.seq_len])
     else:
         cap = gr.op("Shape", ["past_k_0"], start=2, end=3)
@@ -449,24 +496,16 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
         k = gr.op(
             "Transpose", [gr.op("Reshape", [k, gr.ints([1, -1, hkv, dh])])], perm=[0, 2, 1, 3]
         )
-        k_new = rope(k, f"new_k_{i}")
-        v_new = gr.op(
+        v = gr.op(
             "Transpose",
             [gr.op("Reshape", [v, gr.ints([1, -1, hkv, dh])])],
-            outputs=[f"new_v_{i}"],
+            outputs=None if inplace else [f"new_v_{i}"],
             perm=[0, 2, 1, 3],
         )
-        kt_past = gr.op("Transpose", [f"past_k_{i}"], perm=[0, 1, 3, 2])
-        kt_new = gr.op("Transpose", [k_new], perm=[0, 1, 3, 2])
-        scores = gr.op(
-            "Concat", [gr.op("MatMul", [q, kt_past]), gr.op("MatMul", [q, kt_new])], axis=-1
-        )
-        probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
-        p_past, p_new = gr.op("Split", [probs, split_cs], n_out=2, axis=-1)
-        att = gr.op(
-            "Add",
-            [gr.op("MatMul", [p_past, f"past_v_{i}"]), gr.op("MatMul", [p_new, v_new])],
-        )
+        if inplace:
+            att = _attend_inplace(gr, i, q, rope(k), v, mask)
+        else:
+            att = _attend_split(gr, i, q, rope(k, f"new_k_{i}"), v, mask, split_cs)
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
         att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])

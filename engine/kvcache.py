@@ -1,10 +1,11 @@
 """The static KV cache: preallocated per-layer K/V buffers, a fill level, and the masks it implies.
 
 Graphs never see a growing tensor: they read the whole `[1, Hkv, C, dh]` buffers and an additive
-mask that hides the slots at and beyond `n`, and they return only the new rows, which the host
-writes at slot `n` (DESIGN §3). Rolling back (rejected draft tokens, an edited message) is moving
-`n`; nothing is recomputed. Capacity variants keep attention cost proportional to what is used:
-the cache lives in the smallest listed capacity that fits and moves up with one copy.
+mask that hides the slots at and beyond `n`. Static (NPU) graphs return only the new rows, which
+the host writes at slot `n` (DESIGN §3); the CPU graph scatters them into the buffers itself.
+Rolling back (rejected draft tokens, an edited message) is moving `n`; nothing is recomputed.
+Capacity variants keep attention cost proportional to what is used: the cache lives in the
+smallest listed capacity that fits and moves up with one copy.
 """
 
 from __future__ import annotations
@@ -146,6 +147,12 @@ class KVCache:
         i = np.arange(s)
         new = (i[None, :] <= i[:, None]) & ((i[None, :] >= pad) | (i[None, :] == i[:, None]))
         m[:, c:][new] = 0.0
+
+    def fill_causal_mask(self, out: np.ndarray, positions: np.ndarray) -> None:
+        """The mask `[1, 1, S, C]` of rows already scattered into the cache at `positions`:
+        row i attends slots `[0, positions[i]]` (itself included), nothing beyond."""
+        cols = np.arange(out.shape[3])
+        np.multiply(cols[None, :] > positions[:, None], MASK_NEG, out=out[0, 0])
 
     def export(self, start: int, end: int) -> KVSnapshot:
         if not 0 <= start <= end <= self.n:

@@ -7,8 +7,21 @@ logits for every row (speculative decoding), `rollback` moves the fill level bac
 
 On the CPU one graph with symbolic S and C serves prefill chunks, decode and verify at every
 capacity (see `graph_builder`): one session, so the weights are prepacked once. The cache
-buffers are bound to the session as OrtValues over the numpy arrays (no per-step copy of the
-cache); only the new K/V rows come back and are written at slot `n_past`.
+buffers are bound to the session as OrtValues over the numpy arrays, as inputs and as the
+outputs of the graph's in-place scatter, so the new K/V rows land in the cache with no copy.
+
+Decode and verify agree bit for bit, which is what makes speculative decoding exact. Two things
+would otherwise make them differ, and ONNX Runtime's int8-activation kernels turn a 1e-6
+difference into logit differences of 0.2–0.9 within one forward pass (a rounding flip of one
+quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0.5B):
+
+* attention summing the same terms in another order: solved in the graph (K/V scattered into the
+  cache first, so every row attends the same columns in the same order);
+* `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
+  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so `decode` runs the token as a
+  pair of identical rows (`paired_decode`), and every target step goes through the multi-row
+  kernels. That costs ~7–11% of decode speed (benchmarks/engine_speed.py). A draft model's own
+  decode needs no pairing, so drafters turn it off.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ from .graph_builder import BUILDER_VERSION, GraphSpec, build_graphs, rope_tables
 from .kvcache import KVCache, KVSnapshot
 from .npu_compile import default_npu_capacity
 from .npu_graphs import NpuGraphs
-from .quant import dequantize_rows
+from .quant import dequantize_rows, one_row_matches_many
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
 
 __all__ = ["KVSnapshot", "Model", "ModelConfig", "default_capacities"]
@@ -149,7 +162,7 @@ class Model:
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            specs = {"decoder": GraphSpec(None, None, None, accuracy_level, fused_norms=True)}
+            specs = {"decoder": GraphSpec(None, None, None, accuracy_level, True, kv_inplace=True)}
             key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()
@@ -165,6 +178,10 @@ class Model:
             self.load_seconds = time.perf_counter() - t0
             self._io = self._session.io_binding()
         self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
+        self.paired_decode = device != "npu"
+        head = "output.weight" if "output.weight" in self._gguf.tensors else "token_embd.weight"
+        # a paired step's logits: one row when the LM head's one-row kernel agrees, else both
+        self._pair_logit_rows = 1 if one_row_matches_many(self._gguf.tensors[head].ggml_type) else 2
         self._bound_cache = -1  # KVCache.generation whose buffers are bound
         self._bound_step: tuple[int, int, int] | None = None  # (S, R, cache generation)
         self._steps: dict[tuple[int, int], _StepBuffers] = {}
@@ -293,6 +310,7 @@ class Model:
                 for kind, bufs in (("k", kv.k), ("v", kv.v)):
                     value = ort.OrtValue.ortvalue_from_numpy(bufs[i])
                     io.bind_ortvalue_input(f"past_{kind}_{i}", value)
+                    io.bind_ortvalue_output(f"present_{kind}_{i}", value)  # in place
                     self._cache_values.append(value)
             self._bound_cache = kv.generation
         buf = self._steps.pop((s, r), None)
@@ -320,34 +338,39 @@ class Model:
             logits = self._npu.step(emb, self._cos[pos], self._sin[pos], kv, all_rows)
             kv.n = n + s
             return logits
-        buf = self._bind(s, s if all_rows else 1)
-        buf.embeddings[0] = self.embed(ids)
-        buf.cos[0] = self._cos[n : n + s]
-        buf.sin[0] = self._sin[n : n + s]
-        kv.fill_mask(buf.mask)
+        pair = self.paired_decode and s == 1
+        rows = 2 if pair else s
+        buf = self._bind(rows, rows if all_rows else self._pair_logit_rows if pair else 1)
+        pos = np.full(2, n) if pair else np.arange(n, n + s)
+        buf.embeddings[0] = self.embed(ids)  # a pair: the one row, broadcast twice
+        buf.cos[0] = self._cos[pos]
+        buf.sin[0] = self._sin[pos]
+        buf.slots[..., 2] = pos
+        kv.fill_causal_mask(buf.mask, pos)
         assert self._session is not None
-        self._session.run_with_iobinding(self._io)
-        kv.write_block(buf.new_kv, slice(None), n)
+        self._session.run_with_iobinding(self._io)  # writes the new K/V rows into the cache
         kv.n = n + s
-        return buf.logits.copy()
+        return buf.logits[-1:].copy() if pair else buf.logits.copy()
 
 
 class _StepBuffers:
-    """Preallocated inputs and outputs of one step shape (S new rows, R logit rows, capacity C)."""
+    """Preallocated inputs and outputs of one step shape (S new rows, R logit rows, capacity C).
+
+    The CPU graph scatters the new K/V rows into the cache itself (`kv_slots`, in place), so the
+    only output here is the logits; the mask covers the C cache columns.
+    """
 
     def __init__(self, cfg: ModelConfig, s: int, r: int, capacity: int) -> None:
         f32 = np.float32
         self.capacity = capacity
         self.embeddings = np.zeros((1, s, cfg.d_model), f32)
-        self.mask = np.zeros((1, 1, s, capacity + s), f32)
+        self.mask = np.zeros((1, 1, s, capacity), f32)
         self.cos = np.zeros((1, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
         self.rows = np.arange(s - r, s, dtype=np.int64)
         self.logits = np.zeros((r, cfg.vocab_size), f32)
-        # New K/V rows of every layer in one array, so the write-back is one slice copy.
-        self.new_kv = np.zeros((2, cfg.n_layers, 1, cfg.n_kv_heads, s, cfg.head_dim), f32)
-        self.new_k = [self.new_kv[0, i] for i in range(cfg.n_layers)]
-        self.new_v = [self.new_kv[1, i] for i in range(cfg.n_layers)]
+        self.slots = np.zeros((1, cfg.n_kv_heads, s, 3), np.int64)  # (0, head, slot)
+        self.slots[..., 1] = np.arange(cfg.n_kv_heads)[:, None]
         value = ort.OrtValue.ortvalue_from_numpy
         self.inputs = {
             "embeddings": value(self.embeddings),
@@ -355,8 +378,6 @@ class _StepBuffers:
             "cos": value(self.cos),
             "sin": value(self.sin),
             "logit_rows": value(self.rows),
+            "kv_slots": value(self.slots),
         }
         self.outputs = {"logits": value(self.logits)}
-        for i in range(cfg.n_layers):
-            self.outputs[f"new_k_{i}"] = value(self.new_k[i])
-            self.outputs[f"new_v_{i}"] = value(self.new_v[i])

@@ -26,6 +26,7 @@ from typing import Any
 import onnxruntime as ort
 
 from .errors import NpuchatError
+from .graph_builder import BUILDER_VERSION
 
 MANIFEST = "manifest.json"
 DEVICES = ("cpu", "npu")
@@ -91,6 +92,7 @@ class GraphCache:
     def __init__(self, cache_dir: Path) -> None:
         self.root = Path(cache_dir) / "graphs"
         self.builds = 0  # how many folders this instance built (tests assert on it)
+        self.pruned: list[str] = []  # folders of older builds this instance removed
 
     def folder(self, key: str) -> Path:
         return self.root / key
@@ -125,7 +127,8 @@ class GraphCache:
                 for p in sorted(tmp.iterdir())
                 if p.is_file()
             }
-            manifest = {"key": key, "files": files, "meta": dict(meta or {})}
+            stamp = {"builder": BUILDER_VERSION, "onnxruntime": ort.__version__}
+            manifest = {"key": key, "files": files, "meta": {**(meta or {}), **stamp}}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             if folder.exists():
                 shutil.rmtree(folder)
@@ -134,7 +137,33 @@ class GraphCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.builds += 1
+        self._prune_superseded(key, manifest["meta"])
         return folder
+
+    def _prune_superseded(self, key: str, meta: Mapping[str, Any]) -> None:
+        """Remove this model's folders that an older builder or ONNX Runtime made.
+
+        Their keys can never match again (both are part of the key), so after an upgrade they
+        are only disk: gigabytes per model. Folders of other models, and this model's other
+        graph sets (another device, capacity or precision), are left alone.
+        """
+        if "sha256" not in meta:
+            return
+        for folder in self.root.iterdir():
+            if folder.name == key or not folder.is_dir() or ".tmp-" in folder.name:
+                continue
+            try:
+                old = json.loads((folder / MANIFEST).read_text())["meta"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a finished folder of ours: leave it
+            if old.get("sha256") != meta["sha256"]:
+                continue
+            if (old.get("builder"), old.get("onnxruntime")) != (
+                meta["builder"],
+                meta["onnxruntime"],
+            ):
+                shutil.rmtree(folder, ignore_errors=True)
+                self.pruned.append(folder.name)
 
 
 def providers_for(device: str) -> list[str]:

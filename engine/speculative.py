@@ -10,13 +10,12 @@ draft's, both after the same warps (`sampler.distribution`), draft token x is ac
 probability min(1, p(x)/q(x)); at the first rejection the token is drawn from
 normalize(max(0, p − q)); when all k are accepted a bonus token is drawn from p. The output then
 has exactly the target's distribution. At temperature 0 p and q are one-hot, so this is "accept
-while the target's argmax equals the draft". A row whose top-2 margin is below `tie_margin` is
-not decided from the verify logits: batched and single-token kernels may round differently, so
-that position is recomputed by `decode`, the path plain decoding takes. That makes the output
-token-exact where the two paths differ by float rounding (accuracy_level 0: ~5e-5). With int8
-activations (accuracy_level 4) ONNX Runtime's one-row and multi-row MatMulNBits kernels quantize
-activations differently (logits differ by up to ~0.7), so the K/V rows written by verify differ
-from decode's and a later near-tie can flip: exactness there needs kernels that agree.
+while the target's argmax equals the draft".
+
+Exactness rests on the target's `verify` rows being bit-identical to what `decode` would have
+returned at each position (the model module says how: paired decode steps and K/V scattered into
+the cache before attention). So greedy acceptance simply compares argmaxes, and the K/V rows a
+verify leaves in the cache are the ones plain decoding would have written.
 
 Adaptive k: `CostModel` measures, at load (`calibrate`) and while generating, the target's decode
 step, its verify time at each width, each drafter's own costs and its acceptance rate, and picks
@@ -188,7 +187,6 @@ class SpeculativeDecoder:
         drafters: Sequence[Drafter],
         *,
         max_k: int | None = None,
-        tie_margin: float = 1e-3,
         fixed_k: int | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -196,11 +194,9 @@ class SpeculativeDecoder:
         self.target = target
         self.drafters = list(drafters)
         self.max_k = min(max_k if max_k is not None else target.verify_k, target.verify_k)
-        self.tie_margin = tie_margin
         self.fixed_k = fixed_k
         self.costs = CostModel(self.max_k)
         self.stats = SpecStats()
-        self.tie_fallbacks = 0
         self._clock = clock
 
     @property
@@ -269,24 +265,13 @@ class SpeculativeDecoder:
         rows = target.verify([pending, *d.tokens])
         base = len(context)
         if is_greedy(sampler.params):
-            n_acc, token, outcomes, tie = self._accept_greedy(rows, d.tokens, sampler)
+            n_acc, token, outcomes = self._accept_greedy(rows, d.tokens, sampler)
         else:
             n_acc, token, outcomes = self._accept_sampled(rows, d, sampler)
-            tie = False
         accepted = d.tokens[:n_acc]
-        if tie:  # decide this position the way plain decoding does
-            self.tie_fallbacks += 1
-            target.rollback(base + n_acc)
-            logits = target.decode(([pending, *d.tokens])[n_acc])
-            hist = [*sampler.history, *accepted]
-            token = int(
-                np.argmax(apply_repeat_penalty(logits, hist, sampler.params.repeat_penalty))
-            )
-        else:
-            target.rollback(base + 1 + n_acc)
+        target.rollback(base + 1 + n_acc)
         dt = self._clock() - t0
-        if not tie:
-            self.costs.record_verify(len(d.tokens) + 1, dt)
+        self.costs.record_verify(len(d.tokens) + 1, dt)
         self.costs.record_draft(drafter.name, d.sync_s, outcomes, drafter.prior_alpha)
         for t in accepted:
             sampler.accept(t)
@@ -320,25 +305,21 @@ class SpeculativeDecoder:
 
     def _accept_greedy(
         self, rows: np.ndarray, drafts: list[int], sampler: Sampler
-    ) -> tuple[int, int, list[bool], bool]:
-        """(accepted count, next token, per-draft outcomes, whether the next row was a tie)."""
+    ) -> tuple[int, int, list[bool]]:
+        """(accepted count, next token, per-draft outcomes): the target's argmax, row by row."""
         penalty = sampler.params.repeat_penalty
         hist = list(sampler.history)
         outcomes: list[bool] = []
         for i in range(len(drafts) + 1):
             row = apply_repeat_penalty(rows[i], hist, penalty) if penalty != 1.0 else rows[i]
             top = int(np.argmax(row))
-            best = row[top]
-            second = np.max(np.delete(row, top)) if row.shape[0] > 1 else -np.inf
-            if best - second < self.tie_margin:
-                return i, top, outcomes, True
             if i < len(drafts) and top == drafts[i]:
                 outcomes.append(True)
                 hist.append(top)
                 continue
             if i < len(drafts):
                 outcomes.append(False)
-            return i, top, outcomes, False
+            return i, top, outcomes
         raise AssertionError("unreachable")
 
     def _accept_sampled(

@@ -115,3 +115,27 @@ def test_unloadable_graph_is_a_one_line_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a protobuf")
     with pytest.raises(NpuchatError, match=r"could not load decoder\.onnx"):
         runtime.create_session(bad, "cpu", 1)
+
+
+def test_an_upgrade_removes_only_the_graphs_it_supersedes(
+    gguf: Path,
+    synthetic_gguf,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a builder (or ONNX Runtime) upgrade the old folders can never be hit again: the
+    first build under the new version removes this model's, and no other model's."""
+    old = _load(gguf, tmp_path)
+    exact = _load(gguf, tmp_path, accuracy_level=0)  # another graph set of this model
+    other = _load(synthetic_gguf("llama", "q8_0"), tmp_path)  # another model: kept
+    for m in (old, exact, other):
+        m.close()
+    monkeypatch.setattr(runtime, "BUILDER_VERSION", "next")
+    monkeypatch.setattr("npuchat.engine.model.BUILDER_VERSION", "next")
+    new = _load(gguf, tmp_path)
+    assert new.graph_builds == 1 and new.graph_dir != old.graph_dir
+    assert set((tmp_path / "graphs").iterdir()) == {other.graph_dir, new.graph_dir}
+    assert sorted(new._graph_cache.pruned) == sorted([old.graph_dir.name, exact.graph_dir.name])
+    again = _load(gguf, tmp_path)  # the new version's folder is served, nothing pruned
+    assert again.graph_builds == 0 and not again._graph_cache.pruned
+    _run(again)

@@ -566,7 +566,7 @@ class ChatScreen(Screen[None]):
         app_settings = self.npuchat.settings
         defaults = {
             "model": f"empty: {app_settings.model}",
-            "draft": f"empty: {app_settings.draft or 'none'} · lookup · default · a name",
+            "draft": f"empty: {app_settings.draft or 'none'} · none · lookup · default · a name",
         }
         self.app.push_screen(SettingsScreen(self._settings, title, defaults), done)
 
