@@ -447,6 +447,29 @@ def test_catch_up_must_pay_for_itself() -> None:
     assert c.choose_k(d, list(range(10)), 127) > 0
 
 
+def test_fruitless_retries_of_a_drafter_back_off() -> None:
+    """A drafter that never pays is retried after 16 plain rounds, then 32, 64, … up to 256."""
+
+    class Idle(Drafter):
+        name = "idle"
+
+        def catch_up(self, context: Sequence[int]) -> int:
+            return 0
+
+    costs, d, waits, n = CostModel(4), Idle(), [], 0
+    for _ in range(2000):
+        n += 1
+        if costs.explore(d, [1, 2, 3]):
+            waits.append(n)
+            n = 0
+    assert waits[:6] == [16, 32, 64, 128, 256, 256]
+    costs.backoff["idle"], costs.idle["idle"] = 1, 0  # what the decoder does when it pays
+    n = 0
+    while not costs.explore(d, [1, 2, 3]):
+        n += 1
+    assert n + 1 == 16
+
+
 def test_unmeasured_widths_are_estimated_from_measured_ones() -> None:
     c = _costs(0.06, {2: 0.08, 3: 0.1}, 0.5, "x")
     assert c.verify_cost(3) == pytest.approx(0.1)
