@@ -170,29 +170,25 @@ def header(report: dict[str, Any]) -> Text:
 
 
 def _speed_tables(report: dict[str, Any]) -> list[Table]:
-    out = []
+    def table(title: str, key: str, first: str, last: str, rows: list[dict[str, Any]]) -> Table:
+        """Prefill and decode share a layout: a size column, tok/s, spread, one more figure."""
+        t = Table(title=title, title_justify="left")
+        for col in (first, "tok/s", "min–max", last):
+            t.add_column(col, justify="right")
+        if llama:
+            t.add_column("llama.cpp tok/s", justify="right")
+            t.add_column("× llama.cpp", justify="right")
+        for row in rows:
+            extra = _fig(row["ms"]) if key == "tokens" else str(row["capacity"])
+            cells = [str(row[key]), _fig(row["tps"]), _spread(row["tps"]), extra]
+            t.add_row(*cells, *(_ratio(row) if llama else ()))
+        return t
+
     llama = "llama_bench" in report
-    t = Table(title="Prefill", title_justify="left")
-    for col in ("prompt tokens", "tok/s", "min–max", "ms"):
-        t.add_column(col, justify="right")
-    if llama:
-        t.add_column("llama.cpp tok/s", justify="right")
-        t.add_column("× llama.cpp", justify="right")
-    for row in report.get("prefill", []):
-        cells = [str(row["tokens"]), _fig(row["tps"]), _spread(row["tps"]), _fig(row["ms"])]
-        t.add_row(*cells, *(_ratio(row) if llama else ()))
-    out.append(t)
-    t = Table(title="Decode", title_justify="left")
-    for col in ("context", "tok/s", "min–max", "KV capacity"):
-        t.add_column(col, justify="right")
-    if llama:
-        t.add_column("llama.cpp tok/s", justify="right")
-        t.add_column("× llama.cpp", justify="right")
-    for row in report.get("decode", []):
-        cells = [str(row["context"]), _fig(row["tps"]), _spread(row["tps"]), str(row["capacity"])]
-        t.add_row(*cells, *(_ratio(row) if llama else ()))
-    out.append(t)
-    return out
+    return [
+        table("Prefill", "tokens", "prompt tokens", "ms", report.get("prefill", [])),
+        table("Decode", "context", "context", "KV capacity", report.get("decode", [])),
+    ]
 
 
 def _stat_row(t: Table, label: str, f: dict[str, Any], note: str, *args: Any, **kw: Any) -> None:

@@ -457,7 +457,7 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
     # [C, S] split of the attention columns into cached slots and new rows.
     mask = gr.op("Tile", ["mask", gr.ints([1, 1, grp, 1])]) if grp > 1 else "mask"
     if inplace:
-        split_cs = ""
+        split_cs = None  # no [C, S] column split: attention reads the cache only
     elif spec.capacity is not None and spec.seq_len is not None:
         split_cs = gr.ints([spec.capacity, spec.seq_len])
     else:
@@ -502,7 +502,7 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
             outputs=None if inplace else [f"new_v_{i}"],
             perm=[0, 2, 1, 3],
         )
-        if inplace:
+        if split_cs is None:
             att = _attend_inplace(gr, i, q, rope(k), v, mask)
         else:
             att = _attend_split(gr, i, q, rope(k, f"new_k_{i}"), v, mask, split_cs)

@@ -115,12 +115,6 @@ class KVCache:
         for dst, src in zip(self.v, new_v, strict=True):
             dst[:, :, at : at + count] = src[:, :, rows]
 
-    def write_block(self, new: np.ndarray, rows: slice, at: int) -> None:
-        """Copy rows of the graph's outputs laid out as one array `[2, layers, 1, Hkv, S, dh]`."""
-        count = len(range(*rows.indices(new.shape[4])))
-        self._check_room(at, count)
-        self.data[:, :, :, :, at : at + count] = new[:, :, :, :, rows]
-
     def _check_room(self, at: int, count: int) -> None:
         if at + count > self.capacity:
             raise NpuchatError(f"KV write past the capacity ({at}+{count} > {self.capacity})")

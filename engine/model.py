@@ -20,8 +20,10 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
 * `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
   round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so `decode` runs the token as a
   pair of identical rows (`paired_decode`), and every target step goes through the multi-row
-  kernels. That costs ~7–11% of decode speed (benchmarks/engine_speed.py). A draft model's own
-  decode needs no pairing, so drafters turn it off.
+  kernels. That costs 15–22% of decode speed on qwen2.5-coder-0.5b (`benchmarks/engine_speed.py`
+  with and without `--unpaired`); most of its matmuls are 8-bit, whose kernels would agree
+  unpaired, so pairing only the 4-bit ones is the next step. A draft model's own decode needs no
+  pairing, so drafters turn it off.
 """
 
 from __future__ import annotations
