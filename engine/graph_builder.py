@@ -61,7 +61,7 @@ from .gguf_reader import GGUFFile, ModelConfig
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "8"
+BUILDER_VERSION = "9"
 OPSET = 23  # RotaryEmbedding
 MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
 WEIGHTS_FILE = "weights.bin"
@@ -78,6 +78,7 @@ class GraphSpec:
     accuracy_level: int = 4
     fused_norms: bool = True
     kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
+    row_padding: bool = False  # a `pad_rows` input (`_RowPad`): exact one-row decode steps
 
     def key(self) -> dict[str, Any]:
         return asdict(self)
@@ -347,39 +348,77 @@ class _Graph:
         return name
 
 
-def _linear(gr: _Graph, x: str, lins: Sequence[_Linear], level: int) -> str:
+def _kernel_rows_matter(lin: _Linear) -> bool:
+    """Whether this matmul gives a row different bits alone than among other rows.
+
+    ONNX Runtime runs `MatMulNBits` through a one-row kernel when M = 1. For symmetric 8-bit
+    weights it agrees with the multi-row kernel bit for bit; for 4-bit weights it rounds
+    differently (~1e-6, measured on ORT 1.32, AVX2). Offset Gemms and dense float MatMuls are
+    counted as differing too (MLAS has GEMV paths for one row).
+    """
+    return lin.bits != 8 or bool(lin.mins_t)
+
+
+class _RowPad:
+    """Runs the matmuls whose one-row kernel differs on `x` plus the rows `pad_rows` of `x`.
+
+    A decode step passes `pad_rows = [0]`: those matmuls then see two rows and take the
+    multi-row kernel a verify step takes, and their output is sliced back to the S real rows;
+    every other op runs on one row. Verify, prefill and draft steps pass no rows (no cost but
+    two tiny ops). `None` when the graph has no `pad_rows` input (the NPU's static graphs).
+    """
+
+    def __init__(self, rows: str) -> None:
+        self.rows = rows  # the row count of every input padded here (a [1] int64 tensor)
+        self.padded: dict[str, str] = {}
+
+    def pad(self, gr: _Graph, x: str) -> str:
+        if x not in self.padded:
+            extra = gr.op("Gather", [x, "pad_rows"], axis=0)
+            self.padded[x] = gr.op("Concat", [x, extra], axis=0)
+        return self.padded[x]
+
+    def unpad(self, gr: _Graph, y: str) -> str:
+        return gr.op("Slice", [y, gr.ints([0]), self.rows, gr.ints([0])])
+
+
+def _linear(
+    gr: _Graph, x: str, lins: Sequence[_Linear], level: int, pad: _RowPad | None = None
+) -> str:
     """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: MatMulNBits or a dense MatMul.
 
     Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: Reshape +
     ReduceSum (O(K); a MatMul with a 0/1 block matrix would read K²/32 floats, 10 MB per call
-    for K = 8960) and a Gemm that takes the matmul's output as its C input.
+    for K = 8960) and a Gemm that takes the matmul's output as its C input. With `pad`, groups
+    whose one-row kernel differs run on the padded rows (`_RowPad`).
     """
     outs = []
-    blocksums: dict[int, str] = {}
+    blocksums: dict[tuple[str, int], str] = {}
     for lin in lins:
+        padded = pad if pad is not None and _kernel_rows_matter(lin) else None
+        xin = padded.pad(gr, x) if padded else x
         if lin.bits == 0:
-            y = gr.op("MatMul", [x, lin.b])
+            y = gr.op("MatMul", [xin, lin.b])
             if lin.bias:
                 y = gr.op("Add", [y, lin.bias])
-            outs.append(y)
-            continue
-        ins = [x, lin.b, lin.scales] + (["", "", lin.bias] if lin.bias else [])
-        y = gr.op(
-            "MatMulNBits",
-            ins,
-            domain="com.microsoft",
-            K=lin.k,
-            N=lin.n,
-            bits=lin.bits,
-            block_size=32,
-            accuracy_level=level,
-        )
-        if lin.mins_t:
-            if lin.k not in blocksums:  # [S, K] -> [S, K/32, 32] -> sum -> [S, K/32]
-                xb = gr.op("Reshape", [x, gr.ints([-1, lin.k // 32, 32])])
-                blocksums[lin.k] = gr.op("ReduceSum", [xb, gr.ints([-1])], keepdims=0)
-            y = gr.op("Gemm", [blocksums[lin.k], lin.mins_t, y])
-        outs.append(y)
+        else:
+            ins = [xin, lin.b, lin.scales] + (["", "", lin.bias] if lin.bias else [])
+            y = gr.op(
+                "MatMulNBits",
+                ins,
+                domain="com.microsoft",
+                K=lin.k,
+                N=lin.n,
+                bits=lin.bits,
+                block_size=32,
+                accuracy_level=level,
+            )
+            if lin.mins_t:
+                if (xin, lin.k) not in blocksums:  # [S, K] -> [S, K/32, 32] -> sum -> [S, K/32]
+                    xb = gr.op("Reshape", [xin, gr.ints([-1, lin.k // 32, 32])])
+                    blocksums[(xin, lin.k)] = gr.op("ReduceSum", [xb, gr.ints([-1])], keepdims=0)
+                y = gr.op("Gemm", [blocksums[(xin, lin.k)], lin.mins_t, y])
+        outs.append(padded.unpad(gr, y) if padded else y)
     return outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)
 
 
@@ -440,6 +479,8 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
     ]
     if inplace:
         inputs.append(_value_info("kv_slots", [1, hkv, s_dim, 3], TensorProto.INT64))
+    if spec.row_padding:
+        inputs.append(_value_info("pad_rows", ["P"], TensorProto.INT64))
     outputs = [_value_info("logits", [r_dim, cfg.vocab_size])]
     rows_dim = c_dim if inplace else s_dim
     out_prefix = "present" if inplace else "new"
@@ -456,6 +497,7 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
     # [C, S] split of the attention columns into cached slots and new rows.
     mask = gr.op("Tile", ["mask", gr.ints([1, 1, grp, 1])]) if grp > 1 else "mask"
+    pad = _RowPad(gr.op("Shape", ["embeddings"], start=1, end=2)) if spec.row_padding else None
     if inplace:
         split_cs = None  # no [C, S] column split: attention reads the cache only
     elif spec.capacity is not None and spec.seq_len is not None:
@@ -488,7 +530,7 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
     x, delta = gr.op("Reshape", ["embeddings", gr.ints([-1, d])]), None
     for i, layer in enumerate(weights.layers):
         n1, x = norm(x, layer.attn_norm, delta)
-        qkv = _linear(gr, n1, layer.qkv, level)
+        qkv = _linear(gr, n1, layer.qkv, level, pad)
         q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
         # Q [1,S,H·dh] -> [1,H,S,dh] -> rotary -> [1,Hkv,G·S,dh] (rows g·S + s, as Tile(mask))
         q = gr.op("Transpose", [gr.op("Reshape", [q, gr.ints([1, -1, h, dh])])], perm=[0, 2, 1, 3])
@@ -509,17 +551,18 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
         att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])
-        n2, x = norm(x, layer.ffn_norm, _linear(gr, att, layer.out, level))
-        gu = _linear(gr, n2, layer.gate_up, level)
+        n2, x = norm(x, layer.ffn_norm, _linear(gr, att, layer.out, level, pad))
+        gu = _linear(gr, n2, layer.gate_up, level, pad)
         gate, up = gr.op("Split", [gu, gr.ints([cfg.ffn_dim, cfg.ffn_dim])], n_out=2, axis=-1)
         act = gr.op("Mul", [gr.op("Mul", [gate, gr.op("Sigmoid", [gate])]), up])
-        delta = _linear(gr, act, layer.down, level)
+        delta = _linear(gr, act, layer.down, level, pad)
 
     # Only the requested rows reach the final norm and the LM head.
     rows_x = gr.op("Gather", [x, "logit_rows"], axis=0)
     rows_d = gr.op("Gather", [delta, "logit_rows"], axis=0) if delta else None
     fin, _ = norm(rows_x, weights.out_norm, rows_d)
-    logits = _linear(gr, fin, weights.lm_head, level)
+    head_pad = _RowPad(gr.op("Shape", ["logit_rows"])) if spec.row_padding else None
+    logits = _linear(gr, fin, weights.lm_head, level, head_pad)
     gr.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
 
     used = {name for node in gr.nodes for name in node.input}

@@ -18,12 +18,13 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
 * attention summing the same terms in another order: solved in the graph (K/V scattered into the
   cache first, so every row attends the same columns in the same order);
 * `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
-  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so `decode` runs the token as a
-  pair of identical rows (`paired_decode`), and every target step goes through the multi-row
-  kernels. That costs 15–22% of decode speed on qwen2.5-coder-0.5b (`benchmarks/engine_speed.py`
-  with and without `--unpaired`); most of its matmuls are 8-bit, whose kernels would agree
-  unpaired, so pairing only the 4-bit ones is the next step. A draft model's own decode needs no
-  pairing, so drafters turn it off.
+  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a decode step passes
+  `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its row plus a
+  copy of it (`graph_builder._RowPad`); every other op runs on the one row (`paired_decode`).
+  Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
+  gave qwen2.5-coder-0.5b (mostly 8-bit) 9–13% more decode speed, and SmolLM2 and the 1.5B
+  (mostly 4-bit) the same speed within noise (`/tmp` A/B runs, alternating). A draft model's own
+  decode need not match its verify rows, so drafters turn padding off.
 """
 
 from __future__ import annotations
@@ -38,11 +39,19 @@ import onnxruntime as ort
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_builder import BUILDER_VERSION, GraphSpec, build_graphs, rope_tables, spec_digest
+from .graph_builder import (
+    BUILDER_VERSION,
+    WEIGHTS_FILE,
+    GraphSpec,
+    build_graphs,
+    rope_tables,
+    spec_digest,
+)
 from .kvcache import KVCache, KVSnapshot
 from .npu_compile import default_npu_capacity
 from .npu_graphs import NpuGraphs
-from .quant import dequantize_rows, one_row_matches_many
+from .process_memory import release_file_pages
+from .quant import dequantize_rows
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
 
 __all__ = ["KVSnapshot", "Model", "ModelConfig", "default_capacities"]
@@ -164,7 +173,10 @@ class Model:
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            specs = {"decoder": GraphSpec(None, None, None, accuracy_level, True, kv_inplace=True)}
+            spec = GraphSpec(
+                None, None, None, accuracy_level, True, kv_inplace=True, row_padding=True
+            )
+            specs = {"decoder": spec}
             key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()
@@ -177,16 +189,14 @@ class Model:
             )
             report("loading graphs", 0.0)
             self._session = create_session(self.graph_dir / "decoder.onnx", device, threads)
+            self.released_bytes = release_file_pages(self.graph_dir / WEIGHTS_FILE)
             self.load_seconds = time.perf_counter() - t0
             self._io = self._session.io_binding()
         self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
         self.paired_decode = device != "npu"
-        head = "output.weight" if "output.weight" in self._gguf.tensors else "token_embd.weight"
-        # a paired step's logits: one row when the LM head's one-row kernel agrees, else both
-        self._pair_logit_rows = 1 if one_row_matches_many(self._gguf.tensors[head].ggml_type) else 2
         self._bound_cache = -1  # KVCache.generation whose buffers are bound
-        self._bound_step: tuple[int, int, int] | None = None  # (S, R, cache generation)
-        self._steps: dict[tuple[int, int], _StepBuffers] = {}
+        self._bound_step: tuple[int, int, int, int] | None = None  # (S, R, P, cache generation)
+        self._steps: dict[tuple[int, int, int], _StepBuffers] = {}
         emb = self._gguf.tensors["token_embd.weight"]
         self._emb_raw = self._gguf.raw("token_embd.weight")
         self._emb_type = emb.ggml_type
@@ -299,7 +309,7 @@ class Model:
             )
         return out
 
-    def _bind(self, s: int, r: int) -> _StepBuffers:
+    def _bind(self, s: int, r: int, p: int) -> _StepBuffers:
         """Bind the cache and this step shape's buffers; a no-op when nothing changed.
 
         Every input and output is an OrtValue over a numpy buffer that stays bound between
@@ -315,18 +325,18 @@ class Model:
                     io.bind_ortvalue_output(f"present_{kind}_{i}", value)  # in place
                     self._cache_values.append(value)
             self._bound_cache = kv.generation
-        buf = self._steps.pop((s, r), None)
+        buf = self._steps.pop((s, r, p), None)
         if buf is None or buf.capacity != kv.capacity:
-            buf = _StepBuffers(self.config, s, r, kv.capacity)
-        self._steps[(s, r)] = buf  # most recent last; keep a few shapes (decode, verify, chunk)
+            buf = _StepBuffers(self.config, s, r, p, kv.capacity)
+        self._steps[(s, r, p)] = buf  # most recent last; keep a few shapes (decode, verify, chunk)
         while len(self._steps) > 4:
             del self._steps[next(iter(self._steps))]
-        if self._bound_step != (s, r, kv.generation):
+        if self._bound_step != (s, r, p, kv.generation):
             for name, value in buf.inputs.items():
                 io.bind_ortvalue_input(name, value)
             for name, value in buf.outputs.items():
                 io.bind_ortvalue_output(name, value)
-            self._bound_step = (s, r, kv.generation)
+            self._bound_step = (s, r, p, kv.generation)
         return buf
 
     def _step(self, ids: list[int], all_rows: bool) -> np.ndarray:
@@ -340,11 +350,10 @@ class Model:
             logits = self._npu.step(emb, self._cos[pos], self._sin[pos], kv, all_rows)
             kv.n = n + s
             return logits
-        pair = self.paired_decode and s == 1
-        rows = 2 if pair else s
-        buf = self._bind(rows, rows if all_rows else self._pair_logit_rows if pair else 1)
-        pos = np.full(2, n) if pair else np.arange(n, n + s)
-        buf.embeddings[0] = self.embed(ids)  # a pair: the one row, broadcast twice
+        pad = 1 if self.paired_decode and s == 1 else 0
+        buf = self._bind(s, s if all_rows else 1, pad)
+        pos = np.arange(n, n + s)
+        buf.embeddings[0] = self.embed(ids)
         buf.cos[0] = self._cos[pos]
         buf.sin[0] = self._sin[pos]
         buf.slots[..., 2] = pos
@@ -352,7 +361,7 @@ class Model:
         assert self._session is not None
         self._session.run_with_iobinding(self._io)  # writes the new K/V rows into the cache
         kv.n = n + s
-        return buf.logits[-1:].copy() if pair else buf.logits.copy()
+        return buf.logits.copy()
 
 
 class _StepBuffers:
@@ -362,7 +371,7 @@ class _StepBuffers:
     only output here is the logits; the mask covers the C cache columns.
     """
 
-    def __init__(self, cfg: ModelConfig, s: int, r: int, capacity: int) -> None:
+    def __init__(self, cfg: ModelConfig, s: int, r: int, p: int, capacity: int) -> None:
         f32 = np.float32
         self.capacity = capacity
         self.embeddings = np.zeros((1, s, cfg.d_model), f32)
@@ -381,5 +390,6 @@ class _StepBuffers:
             "sin": value(self.sin),
             "logit_rows": value(self.rows),
             "kv_slots": value(self.slots),
+            "pad_rows": value(np.zeros(p, np.int64)),  # row 0 again, or nothing (`_RowPad`)
         }
         self.outputs = {"logits": value(self.logits)}

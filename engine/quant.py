@@ -231,16 +231,6 @@ def decode_tensor(raw: np.ndarray, ggml_type: GGMLQuantizationType, n: int, k: i
     return QuantMatrix(n, k, 8, q8, scales)
 
 
-def one_row_matches_many(ggml_type: GGMLQuantizationType) -> bool:
-    """Whether a matrix of this type gives a row the same bits alone as among other rows.
-
-    ONNX Runtime picks a one-row kernel for M = 1; for symmetric 8-bit `MatMulNBits` it agrees
-    with the multi-row one bit for bit, for 4-bit it rounds differently (~1e-6, measured on ORT
-    1.32, AVX2). Types with an offset Gemm, and dense float matrices, are counted as differing.
-    """
-    return ggml_type not in (Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_1, Q.Q5_K, *FLOAT_TYPES)
-
-
 def dequantize_rows(
     raw: np.ndarray, ggml_type: GGMLQuantizationType, k: int, ids: np.ndarray
 ) -> np.ndarray:
