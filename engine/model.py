@@ -184,11 +184,13 @@ class Model:
             def build(folder: Path) -> None:
                 build_graphs(self.path, specs, folder, lambda f: report("building graphs", f))
 
-            self.graph_dir = self._graph_cache.get_or_build(
-                key, build, {"model": self.path.name, "sha256": self.sha256}
+            def open_session(folder: Path) -> ort.InferenceSession:
+                report("loading graphs", 0.0)
+                return create_session(folder / "decoder.onnx", device, threads)
+
+            self.graph_dir, self._session = self._graph_cache.load(
+                key, build, open_session, {"model": self.path.name, "sha256": self.sha256}
             )
-            report("loading graphs", 0.0)
-            self._session = create_session(self.graph_dir / "decoder.onnx", device, threads)
             self.released_bytes = release_file_pages(self.graph_dir / WEIGHTS_FILE)
             self.load_seconds = time.perf_counter() - t0
             self._io = self._session.io_binding()
