@@ -139,3 +139,27 @@ def test_an_upgrade_removes_only_the_graphs_it_supersedes(
     again = _load(gguf, tmp_path)  # the new version's folder is served, nothing pruned
     assert again.graph_builds == 0 and not again._graph_cache.pruned
     _run(again)
+
+
+def test_a_result_opened_from_a_damaged_folder_is_never_handed_out(tmp_path: Path) -> None:
+    """`GraphCache.load` opens a folder while it verifies it: when the hashes fail, what was
+    opened is dropped and the rebuilt folder is opened instead."""
+    cache = runtime.GraphCache(tmp_path)
+
+    def build(folder: Path) -> None:
+        (folder / "w.bin").write_bytes(b"good" * 64)
+
+    opened: list[bytes] = []
+
+    def open_folder(folder: Path) -> bytes:
+        opened.append((folder / "w.bin").read_bytes())
+        return opened[-1]
+
+    folder, result = cache.load("k", build, open_folder)
+    assert result == b"good" * 64 and cache.builds == 1
+    (folder / "w.bin").write_bytes(b"evil" * 64)  # same size: only the hash can tell
+    folder, result = cache.load("k", build, open_folder)
+    assert opened[-2:] == [b"evil" * 64, b"good" * 64]
+    assert result == b"good" * 64 and cache.builds == 2
+    folder, result = cache.load("k", build, open_folder)  # intact: opened once, not rebuilt
+    assert result == b"good" * 64 and cache.builds == 2 and len(opened) == 4
