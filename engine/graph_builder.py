@@ -61,7 +61,7 @@ from .gguf_reader import GGUFFile, ModelConfig
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "9"
+BUILDER_VERSION = "10"
 OPSET = 23  # RotaryEmbedding
 MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
 WEIGHTS_FILE = "weights.bin"
@@ -364,39 +364,59 @@ class _RowPad:
 
     A decode step passes `pad_rows = [0]`: those matmuls then see two rows and take the
     multi-row kernel a verify step takes, and their output is sliced back to the S real rows;
-    every other op runs on one row. Verify, prefill and draft steps pass no rows (no cost but
-    two tiny ops). `None` when the graph has no `pad_rows` input (the NPU's static graphs).
+    every other op runs on one row. Verify, prefill and draft steps pass no rows; the Concat and
+    Slice still copy their tensors then (~2% of a 1.5B prefill chunk), so the MLP keeps the pad
+    rows from gate/up through to down (`carrying`) instead of slicing and re-padding its widest
+    tensors. `None` when the graph has no `pad_rows` input (the NPU's static graphs).
     """
 
     def __init__(self, rows: str) -> None:
         self.rows = rows  # the row count of every input padded here (a [1] int64 tensor)
-        self.padded: dict[str, str] = {}
+        self.padded: dict[str, str] = {}  # x -> x with the pad rows
+        self.sliced: dict[str, str] = {}  # a carrying tensor -> its S real rows
+        self.carrying: set[str] = set()  # tensors that already hold the pad rows
 
     def pad(self, gr: _Graph, x: str) -> str:
+        if x in self.carrying:
+            return x
         if x not in self.padded:
             extra = gr.op("Gather", [x, "pad_rows"], axis=0)
             self.padded[x] = gr.op("Concat", [x, extra], axis=0)
         return self.padded[x]
 
     def unpad(self, gr: _Graph, y: str) -> str:
-        return gr.op("Slice", [y, gr.ints([0]), self.rows, gr.ints([0])])
+        if y not in self.carrying:
+            return y
+        if y not in self.sliced:
+            self.sliced[y] = gr.op("Slice", [y, gr.ints([0]), self.rows, gr.ints([0])])
+        return self.sliced[y]
+
+    def input_for(self, gr: _Graph, x: str, lin: _Linear) -> str:
+        """`x` as the matmul `lin` takes it: padded if its kernels differ, else plain rows."""
+        return self.pad(gr, x) if _kernel_rows_matter(lin) else self.unpad(gr, x)
 
 
 def _linear(
-    gr: _Graph, x: str, lins: Sequence[_Linear], level: int, pad: _RowPad | None = None
+    gr: _Graph,
+    x: str,
+    lins: Sequence[_Linear],
+    level: int,
+    pad: _RowPad | None = None,
+    keep_pad: bool = False,
 ) -> str:
     """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: MatMulNBits or a dense MatMul.
 
     Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: Reshape +
     ReduceSum (O(K); a MatMul with a 0/1 block matrix would read K²/32 floats, 10 MB per call
     for K = 8960) and a Gemm that takes the matmul's output as its C input. With `pad`, groups
-    whose one-row kernel differs run on the padded rows (`_RowPad`).
+    whose one-row kernel differs run on the padded rows (`_RowPad`); with `keep_pad`, a result
+    whose groups all ran padded keeps its pad rows (the caller continues on them).
     """
     outs = []
     blocksums: dict[tuple[str, int], str] = {}
+    padded_all = pad is not None and all(_kernel_rows_matter(lin) for lin in lins)
     for lin in lins:
-        padded = pad if pad is not None and _kernel_rows_matter(lin) else None
-        xin = padded.pad(gr, x) if padded else x
+        xin = x if pad is None else pad.input_for(gr, x, lin)
         if lin.bits == 0:
             y = gr.op("MatMul", [xin, lin.b])
             if lin.bias:
@@ -418,8 +438,15 @@ def _linear(
                     xb = gr.op("Reshape", [xin, gr.ints([-1, lin.k // 32, 32])])
                     blocksums[(xin, lin.k)] = gr.op("ReduceSum", [xb, gr.ints([-1])], keepdims=0)
                 y = gr.op("Gemm", [blocksums[(xin, lin.k)], lin.mins_t, y])
-        outs.append(padded.unpad(gr, y) if padded else y)
-    return outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)
+        if pad is not None and _kernel_rows_matter(lin):
+            pad.carrying.add(y)
+            if not (keep_pad and padded_all):
+                y = pad.unpad(gr, y)
+        outs.append(y)
+    out = outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)
+    if pad is not None and keep_pad and padded_all:
+        pad.carrying.add(out)
+    return out
 
 
 def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FLOAT) -> Any:
@@ -552,9 +579,11 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
         att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])
         n2, x = norm(x, layer.ffn_norm, _linear(gr, att, layer.out, level, pad))
-        gu = _linear(gr, n2, layer.gate_up, level, pad)
+        gu = _linear(gr, n2, layer.gate_up, level, pad, keep_pad=True)
         gate, up = gr.op("Split", [gu, gr.ints([cfg.ffn_dim, cfg.ffn_dim])], n_out=2, axis=-1)
         act = gr.op("Mul", [gr.op("Mul", [gate, gr.op("Sigmoid", [gate])]), up])
+        if pad is not None and gu in pad.carrying:
+            pad.carrying.add(act)  # row-wise ops: the pad rows ride along
         delta = _linear(gr, act, layer.down, level, pad)
 
     # Only the requested rows reach the final norm and the LM head.
