@@ -50,7 +50,7 @@ from .graph_builder import (
 from .kvcache import KVCache, KVSnapshot
 from .npu_compile import default_npu_capacity
 from .npu_graphs import NpuGraphs
-from .process_memory import release_file_pages
+from .process_memory import releasing_file_pages
 from .quant import dequantize_rows
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
 
@@ -186,12 +186,14 @@ class Model:
 
             def open_session(folder: Path) -> ort.InferenceSession:
                 report("loading graphs", 0.0)
-                return create_session(folder / "decoder.onnx", device, threads)
+                with releasing_file_pages(folder / WEIGHTS_FILE) as released:
+                    session = create_session(folder / "decoder.onnx", device, threads)
+                self.released_bytes = released[0]
+                return session
 
             self.graph_dir, self._session = self._graph_cache.load(
                 key, build, open_session, {"model": self.path.name, "sha256": self.sha256}
             )
-            self.released_bytes = release_file_pages(self.graph_dir / WEIGHTS_FILE)
             self.load_seconds = time.perf_counter() - t0
             self._io = self._session.io_binding()
         self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)

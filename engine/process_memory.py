@@ -5,10 +5,14 @@ layout (packed 4/8-bit values plus per-block scale and sum). It then unmaps the 
 tensors, but keeps the mapping of each `scales` tensor alive although the kernels only read the
 packed copy: for qwen2.5-coder-1.5b that is 184 MiB of file pages counted in the process's RSS
 for nothing (measured with /proc/self/smaps; a decode step afterwards touches none of them).
+While the session loads, the pages of tensors already packed pile up the same way and set the
+peak: releasing them every half second during the load lowers the 1.5B model's peak RSS from
+2.0 to 1.85 GB at no cost in load time.
 
-`MADV_DONTNEED` on a clean, read-only file mapping only drops the pages from this process: a
-later read faults them back in from the file, unchanged, so this is safe whatever ONNX Runtime
-does next. `malloc_trim` returns the heap freed by prepacking's temporaries.
+`MADV_DONTNEED` on a file mapping drops its pages from this process; a later read faults them
+back in from the file, unchanged. That holds only for pages never written (a written page of a
+private mapping is an anonymous copy, and dropping it would revert it), so a mapping holding any
+such page is left alone.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 _MADV_DONTNEED = 4
@@ -33,34 +39,64 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def mapped_ranges(path: Path) -> list[tuple[int, int]]:
-    """This process's mappings of `path`, as (start, end) addresses."""
+def mapped_ranges(path: Path) -> list[tuple[int, int, int]]:
+    """This process's mappings of `path`: (start, end, KiB of written/anonymous pages)."""
     target = str(Path(path).resolve())
-    ranges = []
+    ranges: list[tuple[int, int, int]] = []
+    current: list[int] | None = None
     try:
-        with open("/proc/self/maps") as f:
+        with open("/proc/self/smaps") as f:
             for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].rstrip("\n") == target:
-                    start, end = (int(x, 16) for x in parts[0].split("-"))
-                    ranges.append((start, end))
+                head = line.split(maxsplit=5)
+                if not head[0].endswith(":"):  # a mapping's header line
+                    current = None
+                    if len(head) == 6 and head[5].rstrip("\n") == target:
+                        start, end = (int(x, 16) for x in head[0].split("-"))
+                        current = [start, end, 0]
+                        ranges.append(current)  # type: ignore[arg-type]
+                elif current is not None and head[0] == "Anonymous:":
+                    current[2] = int(head[1])
     except OSError:
         return []
-    return ranges
+    return [(a, b, anon) for a, b, anon in ranges]
 
 
-def release_file_pages(path: Path) -> int:
-    """Drop the resident pages of every mapping of `path`; the bytes of mappings released.
-
-    A no-op (0) where there is no /proc or no glibc (macOS, Windows, musl).
-    """
+def release_file_pages(path: Path, trim: bool = True) -> int:
+    """Drop the resident pages of every unwritten mapping of `path`; the bytes of mappings
+    released. `trim` also returns freed heap to the system. A no-op (0) where there is no
+    /proc or no glibc (macOS, Windows, musl)."""
     libc = _libc()
     if libc is None:
         return 0
     released = 0
-    for start, end in mapped_ranges(path):
-        if libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
+    for start, end, anonymous_kib in mapped_ranges(path):
+        if anonymous_kib == 0 and libc.madvise(start, end - start, _MADV_DONTNEED) == 0:
             released += end - start
-    with contextlib.suppress(AttributeError):  # not glibc
-        libc.malloc_trim(0)
+    if trim:
+        with contextlib.suppress(AttributeError):  # not glibc
+            libc.malloc_trim(0)
     return released
+
+
+@contextlib.contextmanager
+def releasing_file_pages(path: Path, every_s: float = 0.5) -> Iterator[list[int]]:
+    """Release `path`'s pages every `every_s` seconds while the block runs, and once after it.
+
+    For a block that stays in native code with the GIL released (an ONNX Runtime session
+    start). Yields a one-item list that holds the bytes released by the final pass.
+    """
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            release_file_pages(path, trim=False)
+
+    worker = threading.Thread(target=loop, name="release-pages", daemon=True)
+    worker.start()
+    result = [0]
+    try:
+        yield result
+    finally:
+        stop.set()
+        worker.join()
+        result[0] = release_file_pages(path)

@@ -249,7 +249,7 @@ def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(model: Mo
     assert model.released_bytes > 0
 
     def resident_kib() -> int:
-        ranges = set(mapped_ranges(weights))
+        ranges = {(start, end) for start, end, _ in mapped_ranges(weights)}
         total, inside = 0, False
         for line in Path("/proc/self/smaps").read_text().splitlines():
             head = line.split()[0]
