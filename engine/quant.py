@@ -251,7 +251,7 @@ class NBitsTensors:
 
     b: np.ndarray  # uint8 [n, k/32, 32·bits/8]
     scales: np.ndarray  # float32 [n, k/32]
-    mins_t: np.ndarray | None  # float32 [k/32, n]: correction = blocksum(x) @ mins_t
+    mins: np.ndarray | None  # float32 [n, k/32]: correction = blocksum(x) @ minsᵀ
 
 
 def pack_nbits(m: QuantMatrix) -> NBitsTensors:
@@ -263,5 +263,5 @@ def pack_nbits(m: QuantMatrix) -> NBitsTensors:
         b = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
     else:
         b = m.q.reshape(m.n, nb, BLOCK)
-    mins_t = None if m.mins is None else np.ascontiguousarray(m.mins.T, dtype=np.float32)
-    return NBitsTensors(np.ascontiguousarray(b), m.scales.astype(np.float32), mins_t)
+    mins = None if m.mins is None else np.ascontiguousarray(m.mins, dtype=np.float32)
+    return NBitsTensors(np.ascontiguousarray(b), m.scales.astype(np.float32), mins)

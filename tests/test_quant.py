@@ -107,8 +107,8 @@ def test_pack_matches_matmulnbits_semantics(type_name: str) -> None:
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((3, K)).astype(np.float32)
     y = sess.run(None, {"x": x})[0]
-    if nb.mins_t is not None:
-        y = y + x.reshape(3, K // BLOCK, BLOCK).sum(-1) @ nb.mins_t
+    if nb.mins is not None:
+        y = y + x.reshape(3, K // BLOCK, BLOCK).sum(-1) @ nb.mins.T
     ref = dequantize(raw.reshape(N, -1), qtype).reshape(N, K).astype(np.float64)
     expect = x.astype(np.float64) @ ref.T
     np.testing.assert_allclose(y, expect, rtol=0, atol=1e-4 * np.abs(expect).max())
