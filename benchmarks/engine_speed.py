@@ -7,9 +7,10 @@ phase runs in a fresh subprocess so that load times are real and the peak RSS (V
 that phase alone: `cold` builds the graphs into an empty cache, `run` loads them from the cache
 and measures prefill of a 512-token prompt, decode at context 128 and at 1024, and the Python
 overhead per decode step (wall time of `Model.decode` minus ONNX Runtime's run). With
-`--profile` it also prints ONNX Runtime's per-op-type time for one decode step. With
+`--profile` it also prints ONNX Runtime's per-op-type time for one decode step; with `--floor`,
+the time of the model's matmuls alone (the floor ONNX Runtime's kernels put under a step). With
 `--llama-bench` it runs llama.cpp's `llama-bench -p 512 -n 128` on the same file and thread count
-and prints the ratios side by side.
+and prints the ratios side by side; `benchmarks/build_llama_bench.sh` builds one from PyPI.
 
 A script that prints figures, not a test: nothing here asserts.
 """
@@ -111,8 +112,78 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out["rss_mib"] = _status_mib("VmRSS")
     if args.profile:
         out["profile"] = _profile(model, args.threads, 1 if model.paired_decode else 0)
+    graph_dir = model.graph_dir
     model.close()
+    if args.floor:
+        out["floor_ms"] = _matmul_floor(graph_dir, args.threads)
     return out
+
+
+def _matmul_floor(graph_dir: Path, threads: int | None) -> dict[str, float]:
+    """Milliseconds per step of the model's matmuls alone, at M = 1 and 2 rows (median of 8).
+
+    Every `MatMulNBits` and offset `Gemm` of the built graph, with its real weights, fed from
+    one constant input per K and nothing else: the floor that ONNX Runtime's kernels put under
+    a decode step (M = 2: what an exact decode step pays for its 4-bit matmuls).
+    """
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from npuchat.engine.runtime import session_options_for
+
+    src = onnx.load(str(graph_dir / "decoder.onnx"), load_external_data=False)
+    inits = {t.name: t for t in src.graph.initializer}
+    nodes, feeds, outs = [], {}, []
+    for node in src.graph.node:
+        if node.op_type == "MatMulNBits":  # x, then B, scales and the optional inputs
+            k = next(a.i for a in node.attribute if a.name == "K")
+            x, weights = f"x{k}", list(node.input[1:])
+        elif node.op_type == "Gemm":  # block sums, offsets [N, K/32]; no C input
+            k = inits[node.input[1]].dims[1]
+            x, weights = f"b{k}", [node.input[1]]
+        else:
+            continue
+        feeds[x] = k
+        out = f"{node.name}_out"
+        copy = helper.make_node(
+            node.op_type, [x, *weights], [out], name=node.name, domain=node.domain or None
+        )
+        copy.attribute.extend(node.attribute)
+        nodes.append(copy)
+        outs.append(out)
+    used = {i for n in nodes for i in n.input}
+    graph = helper.make_graph(
+        nodes,
+        "matmul_floor",
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["M", k]) for x, k in feeds.items()],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+        initializer=[inits[i] for i in used if i in inits],
+    )
+    floor = helper.make_model(graph, opset_imports=list(src.opset_import))
+    floor.ir_version = src.ir_version
+    path = graph_dir / f"floor-{os.getpid()}.onnx"  # beside weights.bin, which it references
+    onnx.save_model(floor, str(path))
+    try:
+        sess = ort.InferenceSession(str(path), session_options_for("cpu", threads))
+    finally:
+        path.unlink()
+    result = {}
+    for rows in (1, 2):
+        io = sess.io_binding()
+        for x, k in feeds.items():
+            io.bind_cpu_input(x, np.random.default_rng(0).random((rows, k), np.float32))
+        for o in outs:
+            io.bind_output(o)
+        for _ in range(2):
+            sess.run_with_iobinding(io)
+        times = []
+        for _ in range(8):
+            t = time.perf_counter()
+            sess.run_with_iobinding(io)
+            times.append(time.perf_counter() - t)
+        result[f"m{rows}"] = float(np.median(times)) * 1e3
+    return result
 
 
 def _profile(model: Any, threads: int | None, pad: int) -> dict[str, float]:
@@ -170,6 +241,8 @@ def _phase(model: Path, phase: str, cache: Path, args: argparse.Namespace) -> di
         cmd.append("--profile")
     if args.unpaired:
         cmd.append("--unpaired")
+    if args.floor:
+        cmd.append("--floor")
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode:
         sys.exit(f"{phase} phase failed for {model}:\n{res.stderr[-2000:]}")
@@ -205,6 +278,9 @@ def main() -> None:
         "--unpaired",
         action="store_true",
         help="no row padding in decode steps (not exact against verify; shows what it costs)",
+    )
+    ap.add_argument(
+        "--floor", action="store_true", help="time the model's matmuls alone (at 1 and 2 rows)"
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object per model")
     ap.add_argument("--worker", choices=["cold", "run"], help=argparse.SUPPRESS)
@@ -265,6 +341,12 @@ def main() -> None:
             f"  peak RSS {run['peak_rss_mib']:.0f} MiB (steady {run['rss_mib']:.0f}); target "
             f"1.3 x GGUF + KV = {target:.0f} MiB"
         )
+        if "floor_ms" in run:
+            f = run["floor_ms"]
+            print(
+                f"  matmuls alone: {f['m1']:.1f} ms at one row, {f['m2']:.1f} ms at two "
+                f"(= {1e3 / f['m2']:.1f} tok/s if nothing else ran)"
+            )
         if "profile" in run:
             total = sum(run["profile"].values())
             print(f"  one decode step by op type (ms, sum {total:.1f}):")
