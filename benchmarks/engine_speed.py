@@ -65,7 +65,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = Model.load(args.model, cache_dir=Path(args.cache_dir), threads=args.threads)
     load_s = time.perf_counter() - t0
-    model.paired_decode = not args.unpaired
+    model.exact_decode = not args.no_row_padding
     out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds}
     if args.phase == "cold":
         out["peak_rss_mib"] = _status_mib("VmHWM")
@@ -111,7 +111,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out["peak_rss_mib"] = _status_mib("VmHWM")
     out["rss_mib"] = _status_mib("VmRSS")
     if args.profile:
-        out["profile"] = _profile(model, args.threads, 1 if model.paired_decode else 0)
+        out["profile"] = _profile(model, args.threads, 1 if model.exact_decode else 0)
     graph_dir = model.graph_dir
     model.close()
     if args.floor:
@@ -239,8 +239,8 @@ def _phase(model: Path, phase: str, cache: Path, args: argparse.Namespace) -> di
         cmd += ["--threads", str(args.threads)]
     if args.profile:
         cmd.append("--profile")
-    if args.unpaired:
-        cmd.append("--unpaired")
+    if args.no_row_padding:
+        cmd.append("--no-row-padding")
     if args.floor:
         cmd.append("--floor")
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -275,7 +275,7 @@ def main() -> None:
     ap.add_argument("--llama-bench", metavar="PATH")
     ap.add_argument("--profile", action="store_true", help="per-op time of one decode step")
     ap.add_argument(
-        "--unpaired",
+        "--no-row-padding",
         action="store_true",
         help="no row padding in decode steps (not exact against verify; shows what it costs)",
     )

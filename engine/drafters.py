@@ -132,7 +132,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model: Model, name: str = "draft") -> None:
         self.model = model
-        model.paired_decode = False  # a draft's guesses need not match its own verify rows
+        model.exact_decode = False  # a draft's guesses need not match its own verify rows
         self.name = name
         self.stats = _Stats()
         self._tokens: list[int] = []  # tokens whose K/V are in the draft cache

@@ -438,7 +438,7 @@ def _linear(
                 accuracy_level=level,
             )
             if lin.mins:
-                if (xin, lin.k) not in blocksums:  # [S, K] -> [S, K/32, 32] -> sum -> [S, K/32]
+                if (xin, lin.k) not in blocksums:  # [S, K] -> [S, K/32, 32] -> [S, K/32]
                     xb = gr.op("Reshape", [xin, gr.ints([-1, lin.k // 32, 32])])
                     blocksums[(xin, lin.k)] = gr.op("ReduceSum", [xb, gr.ints([-1])], keepdims=0)
                 y = gr.op("Gemm", [blocksums[(xin, lin.k)], lin.mins, y], transB=1)

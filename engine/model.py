@@ -20,9 +20,9 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
 * `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
   round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a decode step passes
   `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its row plus a
-  copy of it (`graph_builder._RowPad`); every other op runs on the one row (`paired_decode`).
+  copy of it (`graph_builder._RowPad`); every other op runs on the one row (`exact_decode`).
   Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
-  gave qwen2.5-coder-0.5b (mostly 8-bit) 9–13% more decode speed, and SmolLM2 and the 1.5B
+  gave qwen2.5-coder-0.5b (mostly 8-bit) 6–13% more decode speed, and SmolLM2 and the 1.5B
   (mostly 4-bit) the same speed within noise (`/tmp` A/B runs, alternating). A draft model's own
   decode need not match its verify rows, so drafters turn padding off.
 """
@@ -84,6 +84,7 @@ class Model:
         self._npu: NpuGraphs | None = None  # device "npu": compiled static graphs instead
         self._io: ort.IOBinding | None = None
         self._gguf: GGUFFile | None = None
+        self.released_bytes = 0  # weight-file pages given back after the CPU session loaded
 
     @classmethod
     def load(
@@ -197,7 +198,7 @@ class Model:
             self.load_seconds = time.perf_counter() - t0
             self._io = self._session.io_binding()
         self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
-        self.paired_decode = device != "npu"
+        self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
         self._bound_cache = -1  # KVCache.generation whose buffers are bound
         self._bound_step: tuple[int, int, int, int] | None = None  # (S, R, P, cache generation)
         self._steps: dict[tuple[int, int, int], _StepBuffers] = {}
@@ -354,7 +355,7 @@ class Model:
             logits = self._npu.step(emb, self._cos[pos], self._sin[pos], kv, all_rows)
             kv.n = n + s
             return logits
-        pad = 1 if self.paired_decode and s == 1 else 0
+        pad = 1 if self.exact_decode and s == 1 else 0
         buf = self._bind(s, s if all_rows else 1, pad)
         pos = np.arange(n, n + s)
         buf.embeddings[0] = self.embed(ids)

@@ -13,9 +13,9 @@ has exactly the target's distribution. At temperature 0 p and q are one-hot, so 
 while the target's argmax equals the draft".
 
 Exactness rests on the target's `verify` rows being bit-identical to what `decode` would have
-returned at each position (the model module says how: row-padded decode steps and K/V scattered into
-the cache before attention). So greedy acceptance simply compares argmaxes, and the K/V rows a
-verify leaves in the cache are the ones plain decoding would have written.
+returned at each position (the model module says how: row-padded decode steps and K/V
+scattered into the cache before attention). So greedy acceptance simply compares argmaxes, and
+the K/V rows a verify leaves in the cache are the ones plain decoding would have written.
 
 Adaptive k: `CostModel` measures, at load (`calibrate`) and while generating, the target's decode
 step, its verify time at each width, each drafter's own costs and its acceptance rate, and picks

@@ -595,7 +595,7 @@ def test_real_model_verify_rows_equal_decode_bit_for_bit(
     name: str, real_gguf: Callable[[str], Path]
 ) -> None:
     """The same on real files (Q4_1; Q5_0/Q8_0/Q4_K/Q6_K), where a one-row and a multi-row
-    kernel would differ by 0.2–0.9 in the logits (measured before paired decode)."""
+    kernel would differ by 0.2–0.9 in the logits (measured before decode steps were padded)."""
     graphs = real_models.test_cache_dir() / "graphs"
     with Model.load(real_gguf(name), cache_dir=graphs, threads=2, verify_k=7) as m:
         prompt = [int(t) for t in np.random.default_rng(2).integers(100, 5000, 250)]
