@@ -17,6 +17,10 @@ from typing import Literal, Protocol, runtime_checkable
 Role = Literal["system", "user", "assistant"]
 StopReason = Literal["eos", "stop_string", "max_tokens", "length"]
 NoticeLevel = Literal["info", "warning", "error"]
+Priority = Literal["interactive", "background"]
+"""Interactive requests (a user waiting) go before background ones (titles, summaries)."""
+FailureKind = Literal["error", "busy", "invalid"]
+"""busy: the engine is full, try again later; invalid: the request itself is wrong."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class ChatRequest:
     system_prompt: str
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: Priority = "interactive"
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ class Cancelled:
 @dataclass(frozen=True)
 class Failed:
     message: str
+    kind: FailureKind = "error"
 
 
 Event = TokenDelta | MetricsUpdate | Notice | Finished | Cancelled | Failed
@@ -145,5 +151,9 @@ class ChatEngine(Protocol):
     def device(self) -> str: ...
 
     def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
-        """Yield events for one reply; the last one is a TerminalEvent."""
+        """Yield events for one reply; the last one is a TerminalEvent.
+
+        Front ends may call this from several threads at once. An engine that cannot run two
+        requests together answers the one it cannot take with `Failed(kind="busy")`.
+        """
         ...

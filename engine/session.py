@@ -309,7 +309,9 @@ class ChatSession:
         with self._state:
             busy, self._generating = self._generating, True
         if busy:
-            yield Failed("a reply is already being generated; wait for it or stop it first")
+            yield Failed(
+                "a reply is already being generated; wait for it or stop it first", kind="busy"
+            )
             return
         self._lock.acquire()  # at most one warm tick (one decode step) to wait for
         try:
