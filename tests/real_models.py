@@ -16,7 +16,8 @@ from npuchat.engine.pull import pull
 
 __all__ = ["REFERENCE_DIR", "real_gguf", "test_cache_dir"]
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
+# Outputs of llama.cpp on the real models (see tests/data/README.md), kept in the repository.
+REFERENCE_DIR = Path(__file__).resolve().parent / "data"
 
 
 def test_cache_dir() -> Path:

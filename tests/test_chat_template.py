@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from real_models import REFERENCE_DIR
-from synthetic import PHI3_CHAT_TEMPLATE, synthetic_gguf  # noqa: F401  (fixture)
+from synthetic import PHI3_CHAT_TEMPLATE
 
 from npuchat.engine.chat_template import ChatTemplate
 from npuchat.engine.gguf_reader import GGUFFile
@@ -116,7 +116,7 @@ def test_phi3_format() -> None:
     assert template.warning is None
 
 
-def test_phi3_synthetic_gguf_prompt_ids(synthetic_gguf: Callable[..., Path]) -> None:  # noqa: F811
+def test_phi3_synthetic_gguf_prompt_ids(synthetic_gguf: Callable[..., Path]) -> None:
     with GGUFFile(synthetic_gguf("phi3")) as g:
         template = ChatTemplate.from_gguf(g)
         tok = Tokenizer.from_gguf(g)

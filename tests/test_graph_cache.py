@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import synthetic_gguf  # noqa: F401  (fixture)
 
 from npuchat.engine import runtime
 from npuchat.engine.errors import NpuchatError
@@ -31,7 +30,7 @@ def _run(model: Model) -> np.ndarray:
 
 
 @pytest.fixture
-def gguf(synthetic_gguf) -> Path:  # noqa: F811
+def gguf(synthetic_gguf) -> Path:
     return synthetic_gguf("phi3", "q4_0")
 
 
@@ -119,7 +118,7 @@ def test_unloadable_graph_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_an_upgrade_removes_only_the_graphs_it_supersedes(
     gguf: Path,
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from reference_forward import ReferenceModel
-from synthetic import ARCHS, TENSOR_TYPES, synthetic_gguf  # noqa: F401  (fixture)
+from synthetic import ARCHS, TENSOR_TYPES
 
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.gguf_reader import GGUFFile
@@ -74,7 +74,7 @@ def scripted_run(model: Model, seq: list[int]) -> dict[int, np.ndarray]:
 @pytest.mark.parametrize("type_name", TENSOR_TYPES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_reference(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
     arch: str,
     type_name: str,
@@ -104,7 +104,7 @@ def test_logits_match_reference(
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_static_graphs_with_padding_match_reference(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
     arch: str,
 ) -> None:

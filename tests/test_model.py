@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from real_models import REFERENCE_DIR
 from reference_forward import ReferenceModel, log_softmax
-from synthetic import synthetic_gguf  # noqa: F401  (fixture)
 
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.kvcache import KVCache
@@ -18,7 +17,7 @@ from npuchat.engine.model import Model, default_capacities
 
 
 @pytest.fixture
-def model(synthetic_gguf, tmp_path: Path):  # noqa: F811
+def model(synthetic_gguf, tmp_path: Path):
     path = synthetic_gguf("qwen2", "q4_k")
     with Model.load(
         path, cache_dir=tmp_path, prefill_chunk=16, verify_k=4, capacities=[32, 64]
@@ -47,7 +46,7 @@ def test_prefill_then_decode_equals_whole_prefill(model: Model) -> None:
 
 @pytest.mark.parametrize("accuracy_level", [0, 4])
 def test_verify_rows_equal_decode_rows(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
     accuracy_level: int,
 ) -> None:
@@ -100,7 +99,7 @@ def test_rollback_and_kv_export_import_roundtrip(model: Model) -> None:
         model.kv_export(0, 37)
 
 
-def test_capacity_is_the_smallest_that_fits(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_capacity_is_the_smallest_that_fits(synthetic_gguf, tmp_path: Path) -> None:
     path = synthetic_gguf("llama", "q8_0")
     with Model.load(path, cache_dir=tmp_path, prefill_chunk=8, capacities=[64, 16, 32]) as m:
         ids = _ids(m, 40)
@@ -133,7 +132,7 @@ def test_bad_input_gives_one_line_errors(model: Model) -> None:
         model.decode(1)
 
 
-def test_load_rejects_bad_options(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_load_rejects_bad_options(synthetic_gguf, tmp_path: Path) -> None:
     path = synthetic_gguf("llama", "q8_0")
     with pytest.raises(NpuchatError, match="unknown device"):
         Model.load(path, cache_dir=tmp_path, device="tpu")
@@ -161,7 +160,7 @@ def test_default_capacities() -> None:
 
 
 def test_engine_graphs_match_reference_after_rope_permutation(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
 ) -> None:
     """llama's Q/K rows are permuted back to NEOX layout; K rows in the cache must still agree

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from synthetic import TENSOR_TYPES, synthetic_gguf  # noqa: F401  (fixture)
+from synthetic import TENSOR_TYPES
 
 from npuchat.engine import devices
 from npuchat.engine.errors import NpuchatError
@@ -143,7 +143,7 @@ def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("arch", list(MODELS))
-def test_greedy_matches_cpu(synthetic_gguf, tmp_path: Path, arch: str) -> None:  # noqa: F811
+def test_greedy_matches_cpu(synthetic_gguf, tmp_path: Path, arch: str) -> None:
     """Every graph compiles with 100% placement; prefill (two chunks, the last padded) then 20
     greedy decode steps give the CPU's tokens; verify rows equal decode rows."""
     tensor_type, kw = MODELS[arch]
@@ -178,7 +178,7 @@ def _mtimes(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
 
 
-def test_second_load_uses_the_compiled_binaries(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_second_load_uses_the_compiled_binaries(synthetic_gguf, tmp_path: Path) -> None:
     path = synthetic_gguf("llama", "q8_0")
     first = NpuDriver(path, tmp_path)
     folder = first.graphs.folder
@@ -204,7 +204,7 @@ def test_second_load_uses_the_compiled_binaries(synthetic_gguf, tmp_path: Path) 
 
 
 @pytest.mark.parametrize("damage", ["flip", "swap"])
-def test_damaged_binary_is_rebuilt(synthetic_gguf, tmp_path: Path, damage: str) -> None:  # noqa: F811
+def test_damaged_binary_is_rebuilt(synthetic_gguf, tmp_path: Path, damage: str) -> None:
     """A flipped byte or another graph's binary in its place is caught by the manifest."""
     path = synthetic_gguf("phi3", "q4_0")
     first = NpuDriver(path, tmp_path)
@@ -234,7 +234,7 @@ def test_damaged_binary_is_rebuilt(synthetic_gguf, tmp_path: Path, damage: str) 
 
 @pytest.mark.parametrize("tensor_type", TENSOR_TYPES)
 def test_every_weight_type_compiles_fully(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
     tensor_type: str,
 ) -> None:
@@ -251,7 +251,7 @@ def test_every_weight_type_compiles_fully(
     assert compiled.placements["decode"].complete
 
 
-def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path) -> None:
     """With CPU fallback disabled an op the HTP rejects fails the compile, by name and reason,
     and leaves nothing in the cache; the doctor's explanation lists every such node.
 
@@ -273,7 +273,7 @@ def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path)
     assert placement.npu_nodes + len(placement.fallbacks) == placement.total_nodes
 
 
-def test_htp_rewrite_keeps_the_math(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_htp_rewrite_keeps_the_math(synthetic_gguf, tmp_path: Path) -> None:
     """`adapt_for_htp` (3-D MatMulNBits, bias as Add) computes the same thing on the CPU EP."""
     path = synthetic_gguf("qwen2", "q4_1")  # bias and block offsets: every rewritten form
     spec = npu_specs(PREFILL, VERIFY_K, CAPACITY, 0)["prefill"]
@@ -321,7 +321,7 @@ def test_device_discovery_and_auto() -> None:
     assert "soc_model" not in opts and opts["htp_arch"] == "75"
 
 
-def test_placement_file_is_json(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_placement_file_is_json(synthetic_gguf, tmp_path: Path) -> None:
     npu = NpuDriver(synthetic_gguf("qwen2", "q4_1"), tmp_path, verify_k=0)
     try:
         record = json.loads((npu.graphs.folder / PLACEMENT_FILE).read_text())
@@ -332,7 +332,7 @@ def test_placement_file_is_json(synthetic_gguf, tmp_path: Path) -> None:  # noqa
 
 
 def test_doctor_reports_full_npu_placement_for_every_arch(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`npuchat doctor --model X --device npu`: every graph of every arch 100% on the NPU,
@@ -389,7 +389,7 @@ def test_smollm2_smoke_npu_equals_cpu(real_gguf, tmp_path: Path) -> None:
     assert _rel_err(got, want) < 3 * REL_TOL  # 30 layers of fp16 rounding, not 2-4
 
 
-def test_model_on_npu_equals_cpu(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+def test_model_on_npu_equals_cpu(synthetic_gguf, tmp_path: Path) -> None:
     """`Model.load(device="npu")`: chunked prefill, decode, verify and rollback give the CPU's
     greedy tokens and fp16-level logits; a second load does not recompile."""
     path = synthetic_gguf("qwen2", "q4_1")
@@ -412,7 +412,7 @@ def test_model_on_npu_equals_cpu(synthetic_gguf, tmp_path: Path) -> None:  # noq
 
 
 def test_run_command_npu_equals_cpu(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`npuchat run --device npu` streams the same greedy tokens as `--device cpu`, and the
@@ -443,7 +443,7 @@ def test_run_command_npu_equals_cpu(
 
 
 def test_draft_on_npu_target_on_cpu(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     isolated_home: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -1,7 +1,7 @@
 """The numpy reference forward pass is right: checked against llama.cpp on the real models.
 
 llama.cpp's `/completion` log-probabilities (top 5 per greedy step, in
-`shared/reference/greedy-*.json`) are compared with the reference, teacher-forced on llama.cpp's
+`tests/data/greedy-*.json`) are compared with the reference, teacher-forced on llama.cpp's
 own tokens. llama.cpp rounds activations to 8 bits before every quantized matmul and keeps an fp16
 KV cache; on SmolLM2-135M that rounding alone moves log-probs by ~0.1 on average and up to ~1 on
 rare tokens (measured: our exact forward vs the same forward with Q8_0-rounded activations). So the
@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from real_models import REFERENCE_DIR
 from reference_forward import ReferenceModel, log_softmax
 from synthetic import ARCHS, write_synthetic_gguf
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
 # A step is a near-tie when llama.cpp's top two are closer than llama.cpp's own rounding noise.
 NEAR_TIE = 0.3
 

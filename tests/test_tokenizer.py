@@ -1,7 +1,7 @@
 """Tokenizer tests.
 
 Real vocabularies are checked against the ids llama.cpp's llama-server produced (every case in
-`shared/reference/tokenizer-*.json`). The SentencePiece path is checked on a hand-made vocabulary
+`tests/data/tokenizer-*.json`). The SentencePiece path is checked on a hand-made vocabulary
 whose expected ids were worked out by hand from llama.cpp's `llm_tokenizer_spm` rule (repeatedly
 merge the adjacent pair that forms the highest-scoring piece; leftmost on ties), and, where the
 `sentencepiece` package is installed, against SentencePiece itself on a trained BPE model.
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_models import REFERENCE_DIR
-from synthetic import CORPUS, synthetic_gguf  # noqa: F401  (fixture)
+from synthetic import CORPUS
 
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.gguf_reader import GGUFFile
@@ -417,7 +417,7 @@ def test_llama3_family_ignores_merges_for_whole_words() -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
-def test_synthetic_gguf_vocabularies(arch: str, synthetic_gguf: Callable[..., Path]) -> None:  # noqa: F811
+def test_synthetic_gguf_vocabularies(arch: str, synthetic_gguf: Callable[..., Path]) -> None:
     with GGUFFile(synthetic_gguf(arch)) as g:
         tok = Tokenizer.from_gguf(g)
         n_vocab = len(g.metadata["tokenizer.ggml.tokens"])
