@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import cast
 
 from rich.console import Console
 from rich.table import Table
@@ -76,7 +77,7 @@ def cmd_models(ctx: AppContext, as_json: bool, console: Console) -> int:
             name,
             str(row["arch"]),
             str(row["params"]),
-            human_size(int(row["size"])),  # type: ignore[arg-type]
+            human_size(cast(int, row["size"])),
             str(row["quant"]),
             "[green]yes[/]" if row["installed"] else "[dim]no[/]",
             str(row["default_draft"] or ""),

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -36,6 +37,9 @@ from .context import AppContext
 from .engine_factory import open_engine
 from .engine_port import EngineSpec
 from .progress import RichPullProgress
+
+if TYPE_CHECKING:
+    from .store import MessageStatus
 
 METRIC_FIELDS = (
     "ttft_s",
@@ -163,7 +167,7 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         engine.close()
     if store is not None and conversation is not None and final is not None:
         store.add_message(conversation.id, "user", prompt)
-        status = "complete" if isinstance(final, Finished) else "stopped"
+        status: MessageStatus = "complete" if isinstance(final, Finished) else "stopped"
         store.add_message(conversation.id, "assistant", reply, status, final.metrics)
         store.close()
     if args.verbose and final is not None and not args.json:

@@ -146,7 +146,7 @@ def peak_rss_bytes() -> int | None:
 
 def machine_info() -> dict[str, Any]:
     """What a reader needs to judge the figures: CPU, cores, OS, versions, load at the start."""
-    import onnxruntime
+    import onnxruntime  # type: ignore[import-untyped]
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -685,7 +685,7 @@ class BenchRun:
         session = self.session
         assert session is not None
         c = self.config
-        lookup = [d for d in self.drafters if isinstance(d, LookupDrafter)]
+        lookup: list[Drafter] = [d for d in self.drafters if isinstance(d, LookupDrafter)]
         models = [d for d in self.drafters if not isinstance(d, LookupDrafter)]
         modes: dict[str, list[Drafter]] = {"target": []}
         if lookup:

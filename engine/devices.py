@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-import onnxruntime as ort
+import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .errors import NpuchatError
 
@@ -103,7 +103,7 @@ def onnxruntime_version() -> str:
 def qnn_versions() -> tuple[str, str]:
     """(onnxruntime-qnn package version, QAIRT/QNN SDK version it was built with), or ""."""
     try:
-        from onnxruntime_qnn import build_and_package_info as info
+        from onnxruntime_qnn import build_and_package_info as info  # type: ignore[import-untyped]
     except ImportError:
         return _package_version("onnxruntime-qnn"), ""
     return str(getattr(info, "__version__", "")), str(getattr(info, "qnn_version", ""))

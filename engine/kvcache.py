@@ -58,7 +58,7 @@ class KVCache:
         self.dtype = np.dtype(dtype)
         self.n = 0
         self.capacity = 0
-        self.data = np.zeros(0, self.dtype)
+        self.data: np.ndarray = np.zeros(0, self.dtype)
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
         self.generation = 0  # bumped whenever the buffers are replaced (rebind OrtValues)

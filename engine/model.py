@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .devices import QnnOptions
 from .errors import NpuchatError
@@ -142,6 +142,7 @@ class Model:
         accuracy_level: int,
         npu_options: QnnOptions | None = None,
     ) -> None:
+        assert self._gguf is not None
         self.config = cfg = self._gguf.config
         self.device = device
         self.prefill_chunk = int(prefill_chunk)
@@ -192,11 +193,12 @@ class Model:
                 self.released_bytes = released[0]
                 return session
 
-            self.graph_dir, self._session = self._graph_cache.load(
+            self.graph_dir, session = self._graph_cache.load(
                 key, build, open_session, {"model": self.path.name, "sha256": self.sha256}
             )
+            self._session = session
             self.load_seconds = time.perf_counter() - t0
-            self._io = self._session.io_binding()
+            self._io = session.io_binding()
         self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
         self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
         self._bound_cache = -1  # KVCache.generation whose buffers are bound
@@ -245,9 +247,10 @@ class Model:
         self._session = None
         self._npu = None
         self._io = None
-        if getattr(self, "_gguf", None) is not None:
-            self._emb_raw = None
-            self._gguf.close()
+        gguf = getattr(self, "_gguf", None)
+        if gguf is not None:
+            self._emb_raw = np.empty(0, np.uint8)  # the view must go before the file closes
+            gguf.close()
             self._gguf = None
 
     def __enter__(self) -> Model:
@@ -321,6 +324,7 @@ class Model:
         runs, so a decode step only fills a few small arrays: no binding, no allocation.
         """
         kv, io = self._kv, self._io
+        assert io is not None
         if self._bound_cache != kv.generation:
             self._cache_values = []
             for i in range(self.config.n_layers):
@@ -351,8 +355,8 @@ class Model:
         n = kv.n
         kv.ensure(n + s)
         if self._npu is not None:
-            emb, pos = self.embed(ids), slice(n, n + s)
-            logits = self._npu.step(emb, self._cos[pos], self._sin[pos], kv, all_rows)
+            emb, rows = self.embed(ids), slice(n, n + s)
+            logits = self._npu.step(emb, self._cos[rows], self._sin[rows], kv, all_rows)
             kv.n = n + s
             return logits
         pad = 1 if self.exact_decode and s == 1 else 0

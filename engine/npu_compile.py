@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
+import onnxruntime as ort  # type: ignore[import-untyped]
 from onnx import helper, numpy_helper
 
 from .devices import QNN_EP, QnnOptions, htp_device, npu_status, qnn_versions

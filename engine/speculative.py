@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -241,7 +242,7 @@ class SpeculativeDecoder:
         self.costs.record_decode(fastest(lambda: target.decode(ids[0]), 2))
         for w in sorted({min(5, self.max_k + 1), self.max_k + 1}):
             if w >= 2:
-                self.costs.record_verify(w, fastest(lambda w=w: target.verify(ids[:w]), 1))
+                self.costs.record_verify(w, fastest(partial(target.verify, ids[:w]), 1))
 
     def new_reply(self) -> None:
         self.stats = SpecStats()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -325,7 +325,9 @@ class ChatScreen(Screen[None]):
         view = NoticeView(notice.text, notice.level)
         await self.query_one(MessageList).mount(view, before=before)
         if notice.level != "info":
-            severity = "error" if notice.level == "error" else "warning"
+            severity: Literal["error", "warning"] = (
+                "error" if notice.level == "error" else "warning"
+            )
             self.notify(notice.text, severity=severity)
 
     async def _mount_views(self, views: list[MessageView]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ DIALOG_IDS = frozenset(
 )
 
 
-def bindings(*ids: str) -> list[Binding]:
+def bindings(*ids: str) -> list[BindingType]:
     """Textual bindings for the given ids, with their ids set (the keymap needs them)."""
-    result = []
+    result: list[BindingType] = []
     for binding_id in ids:
         spec = KEYS[binding_id]
         result.append(

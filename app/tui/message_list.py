@@ -5,6 +5,7 @@ from __future__ import annotations
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.dom import DOMNode
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
@@ -131,7 +132,7 @@ class AssistantMessage(MessageView):
         copy_code(self, blocks[index], index, len(blocks))
 
     def on_click(self, event: events.Click) -> None:
-        node = event.widget
+        node: DOMNode | None = event.widget
         while node is not None and node is not self:
             if isinstance(node, MarkdownFence):
                 blocks = list(self.query(MarkdownFence))

@@ -6,6 +6,8 @@ a conversation is opened), so a user can always see what the previous answer cos
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
 from textual.widgets import Label, ProgressBar, Sparkline
@@ -86,5 +88,5 @@ class MetricsPanel(VerticalScroll):
         self.query_one(f"#m-{row_id}", Label).update(text)
 
 
-def _mean(values: list[float]) -> float:
+def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
