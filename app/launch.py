@@ -31,7 +31,6 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
     resolve_device(settings.device)
     store = ConversationStore.open(ctx.paths.database_file)
     try:
-        run_app(settings, store, make_loader(ctx), config_path=ctx.paths.config_file)
+        return run_app(settings, store, make_loader(ctx), config_path=ctx.paths.config_file)
     finally:
         store.close()
-    return 0

@@ -8,10 +8,12 @@ saved in the app's database (and saves the new turn), so multi-turn reuse is scr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +30,7 @@ from npuchat.engine.events import (
     Failed,
     Finished,
     Metrics,
+    MetricsUpdate,
     Notice,
     SamplingParams,
     TokenDelta,
@@ -37,6 +40,8 @@ from .context import AppContext
 from .engine_factory import open_engine
 from .engine_port import EngineSpec
 from .progress import RichPullProgress
+from .store import ConversationStore, MessageStatus
+from .store_schema import DatabaseBusyError
 
 if TYPE_CHECKING:
     from .store import MessageStatus
@@ -121,11 +126,10 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
     )
     model = args.run_model or ctx.settings.model
     device = args.run_device or ctx.settings.device
-    store = conversation = None
+    store: ConversationStore | None = None
+    conversation = None
     history: list[ChatMessage] = []
     if args.conversation:
-        from .store import ConversationStore
-
         store = ConversationStore.open(ctx.paths.database_file)
         if args.conversation == "new":
             conversation = store.create_conversation()
@@ -148,8 +152,19 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         print(f"npuchat: device {resolve_device(device)[1]}", file=sys.stderr)
     system = _system_prompt(args, ctx)
     messages = (*history, ChatMessage("user", prompt))
+    saver = None
+    if store is not None and conversation is not None:
+        store.add_message(conversation.id, "user", prompt)  # committed before any reply text
+        saver = ReplySaver(store, store.add_message(conversation.id, "assistant", "", "partial").id)
     cancel = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    stopped_by: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        cancel.set()
+
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    final: Finished | Cancelled | None = None
     try:
         if args.raw:
             ids = engine.tokenizer.encode(
@@ -161,14 +176,19 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
                 ChatRequest(conversation.id if conversation else "run", system, messages, sampling),
                 cancel,
             )
-        reply, final = _stream(events, args.json)
+        _, final = _stream(events, args.json, saver)
+    except BaseException as exc:
+        if saver is not None:
+            saver.finish("error", None, str(exc) or type(exc).__name__)
+        raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         engine.close()
-    if store is not None and conversation is not None and final is not None:
-        store.add_message(conversation.id, "user", prompt)
+    if saver is not None and final is not None:
         status: MessageStatus = "complete" if isinstance(final, Finished) else "stopped"
-        store.add_message(conversation.id, "assistant", reply, status, final.metrics)
+        saver.finish(status, final.metrics)
+    if store is not None:
         store.close()
     if args.verbose and final is not None and not args.json:
         m = final.metrics
@@ -184,16 +204,61 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
             ),
             file=sys.stderr,
         )
+    if stopped_by:
+        return 128 + stopped_by[0]
     return 130 if isinstance(final, Cancelled) else 0
 
 
-def _stream(events: Iterable[Event], as_json: bool) -> tuple[str, Finished | Cancelled | None]:
+_STOP_SIGNALS = tuple(
+    s
+    for s in (signal.SIGINT, getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None))
+    if s
+)
+"""Signals that stop the reply (it is saved as stopped) instead of killing the process."""
+
+SAVE_INTERVAL_S = 0.5
+"""A streaming reply is committed at least this often, so a kill -9 loses at most this much."""
+
+
+class ReplySaver:
+    """Commits a streaming reply's text to its row: at most every SAVE_INTERVAL_S, then once
+    with its final status. A periodic save that finds the file locked gives up at once (the
+    next one catches up); the final one waits for the lock."""
+
+    def __init__(self, store: ConversationStore, message_id: int) -> None:
+        self.store = store
+        self.message_id = message_id
+        self.text = ""
+        self._saved_at = time.monotonic()
+        self._saved_len = 0
+
+    def update(self, text: str) -> None:
+        self.text = text
+        if time.monotonic() - self._saved_at >= SAVE_INTERVAL_S and len(text) != self._saved_len:
+            with contextlib.suppress(DatabaseBusyError):
+                self.store.update_message(
+                    self.message_id, content=text, status="partial", deadline_s=0.0
+                )
+            self._saved_at = time.monotonic()
+            self._saved_len = len(text)
+
+    def finish(self, status: MessageStatus, metrics: Metrics | None, error: str = "") -> None:
+        self.store.update_message(
+            self.message_id, content=self.text, status=status, metrics=metrics, error=error
+        )
+
+
+def _stream(
+    events: Iterable[Event], as_json: bool, saver: ReplySaver | None = None
+) -> tuple[str, Finished | Cancelled | None]:
     reply: list[str] = []
     final: Finished | Cancelled | None = None
     out = sys.stdout
     for ev in events:
         if isinstance(ev, TokenDelta):
             reply.append(ev.text)
+            if saver is not None and ev.text:
+                saver.update("".join(reply))
             if as_json:
                 for i, tid in enumerate(ev.ids):
                     text = ev.text if i == len(ev.ids) - 1 else ""
@@ -201,6 +266,9 @@ def _stream(events: Iterable[Event], as_json: bool) -> tuple[str, Finished | Can
             else:
                 out.write(ev.text)
             out.flush()
+        elif isinstance(ev, MetricsUpdate):
+            if saver is not None:
+                saver.update("".join(reply))
         elif isinstance(ev, Notice):
             print(f"npuchat: {ev.text}", file=sys.stderr)
         elif isinstance(ev, Failed):

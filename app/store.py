@@ -1,10 +1,8 @@
 """Conversations and messages in SQLite, under the data dir.
 
-Why SQLite: every message is committed the moment it is sent or finished (and a streaming reply
-is saved periodically), so a crash or a killed terminal never loses a committed message, and WAL
-mode keeps those small commits cheap. The schema version lives in `PRAGMA user_version`; older
-databases are migrated forward in one transaction, and a database written by a newer npuchat (or
-something that is not an npuchat database at all) is refused and left untouched.
+Why SQLite: every message is committed the moment it is sent, and a streaming reply as it
+streams, so a crash or a killed terminal never loses what was on screen, and WAL mode keeps
+those small commits cheap. Opening, schema versions and damage checks live in `store_schema`.
 """
 
 from __future__ import annotations
@@ -12,15 +10,25 @@ from __future__ import annotations
 import json
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeVar
 
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import Metrics
+
+from . import store_schema
+from .store_schema import (
+    SCHEMA_VERSION,
+    check_and_migrate,
+    connect,
+    damaged,
+    with_retries,
+)
+
+T = TypeVar("T")
 
 Role = Literal["system", "user", "assistant"]
 MessageStatus = Literal["complete", "stopped", "partial", "error"]
@@ -92,74 +100,55 @@ def metrics_from_json(text: str | None) -> Metrics | None:
     return Metrics(**{k: v for k, v in data.items() if k in known})
 
 
-def _create_v1(db: sqlite3.Connection) -> None:
-    # One execute per statement: executescript() would commit the migration's transaction.
-    for statement in _V1_SCHEMA.split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-_V1_SCHEMA = """
-        CREATE TABLE conversations (
-            id TEXT PRIMARY KEY,
-            title TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            settings TEXT NOT NULL
-        );
-        CREATE TABLE messages (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-            content TEXT NOT NULL,
-            status TEXT NOT NULL
-                CHECK (status IN ('complete', 'stopped', 'partial', 'error')),
-            metrics TEXT,
-            error TEXT NOT NULL DEFAULT '',
-            created_at TEXT NOT NULL
-        );
-        CREATE INDEX messages_by_conversation ON messages (conversation_id, id);
-        CREATE INDEX conversations_by_update ON conversations (updated_at);
-"""
-
-
-# MIGRATIONS[i] upgrades schema version i to i + 1. Append, never edit a released step.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1,)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
 class ConversationStore:
     """All reads and writes of conversations. One instance per open database file.
 
-    Use it from one thread (the UI's): sqlite3 enforces that, which catches misuse early.
+    Use it from one thread (the UI's): sqlite3 enforces that, which catches misuse early. Every
+    write is its own committed transaction, retried while another process holds the lock; a
+    database found damaged is never written to again by this instance.
     """
 
-    def __init__(self, db: sqlite3.Connection, path: Path | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        path: Path | None,
+        clock: Clock,
+        busy_deadline_s: float | None = None,
+    ) -> None:
         self._db = db
         self.path = path
         self._clock = clock
+        self._name = str(path) if path is not None else ":memory:"
+        self.busy_deadline_s = (
+            store_schema.BUSY_DEADLINE_S if busy_deadline_s is None else busy_deadline_s
+        )
+        self._damage: str | None = None
 
     # ---- opening -------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: Path, *, clock: Clock | None = None) -> ConversationStore:
-        """Open (creating or migrating) the database at `path`."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def open(
+        cls,
+        path: Path,
+        *,
+        clock: Clock | None = None,
+        busy_deadline_s: float | None = None,
+    ) -> ConversationStore:
+        """Open (creating or migrating) the database at `path`; refuse a damaged or foreign
+        one with a one-line error that names the file (see `store_schema`)."""
+        db = connect(path)
+        store = cls(db, path, clock or _utc_now, busy_deadline_s)
         try:
-            db = sqlite3.connect(path, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise NpuchatError(f"cannot open conversation database {path}: {exc}") from exc
-        try:
-            _prepare(db, str(path))
+            with_retries(str(path), lambda: check_and_migrate(db, str(path)), store.busy_deadline_s)
         except BaseException:
             db.close()
             raise
-        return cls(db, path, clock or _utc_now)
+        return store
 
     @classmethod
     def in_memory(cls, *, clock: Clock | None = None) -> ConversationStore:
         db = sqlite3.connect(":memory:", isolation_level=None)
-        _prepare(db, ":memory:")
+        check_and_migrate(db, ":memory:")
         return cls(db, None, clock or _utc_now)
 
     def close(self) -> None:
@@ -171,15 +160,39 @@ class ConversationStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+    def _read(self, action: Callable[[sqlite3.Connection], T]) -> T:
         try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+            return with_retries(self._name, lambda: action(self._db), self.busy_deadline_s)
+        except sqlite3.DatabaseError as exc:
+            self._damage = str(exc)
+            raise damaged(self._name, str(exc)) from exc
+
+    def _write(
+        self, action: Callable[[sqlite3.Connection], T], deadline_s: float | None = None
+    ) -> T:
+        """Run `action` in one committed transaction; retried whole while the file is locked."""
+        if self._damage is not None:
+            raise damaged(self._name, self._damage)
+
+        def attempt() -> T:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result = action(self._db)
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            return result
+
+        deadline = self.busy_deadline_s if deadline_s is None else deadline_s
+        try:
+            return with_retries(self._name, attempt, deadline)
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            self._damage = str(exc)
+            raise damaged(self._name, str(exc)) from exc
 
     def _now(self) -> str:
         return self._clock().isoformat()
@@ -191,29 +204,35 @@ class ConversationStore:
     ) -> Conversation:
         now = self._now()
         conv_id = uuid.uuid4().hex
-        with self._tx() as db:
-            db.execute(
+        self._write(
+            lambda db: db.execute(
                 "INSERT INTO conversations (id, title, created_at, updated_at, settings)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (conv_id, title, now, now, (settings or ConversationSettings()).to_json()),
             )
+        )
         return self.get_conversation(conv_id)
 
     def get_conversation(self, conversation_id: str) -> Conversation:
-        row = self._db.execute(
-            "SELECT id, title, created_at, updated_at, settings FROM conversations WHERE id = ?",
-            (conversation_id,),
-        ).fetchone()
+        row = self._read(
+            lambda db: db.execute(
+                "SELECT id, title, created_at, updated_at, settings FROM conversations"
+                " WHERE id = ?",
+                (conversation_id,),
+            ).fetchone()
+        )
         if row is None:
             raise NpuchatError(f"conversation {conversation_id} does not exist")
         return _conversation(row)
 
     def list_conversations(self) -> list[Conversation]:
         """Most recently updated first."""
-        rows = self._db.execute(
-            "SELECT id, title, created_at, updated_at, settings FROM conversations"
-            " ORDER BY updated_at DESC, rowid DESC"
-        ).fetchall()
+        rows = self._read(
+            lambda db: db.execute(
+                "SELECT id, title, created_at, updated_at, settings FROM conversations"
+                " ORDER BY updated_at DESC, rowid DESC"
+            ).fetchall()
+        )
         return [_conversation(r) for r in rows]
 
     def search(self, text: str) -> list[Conversation]:
@@ -221,14 +240,16 @@ class ConversationStore:
         if not text.strip():
             return self.list_conversations()
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        rows = self._db.execute(
-            "SELECT id, title, created_at, updated_at, settings FROM conversations c"
-            " WHERE c.title LIKE :p ESCAPE '\\'"
-            " OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id"
-            "            AND m.content LIKE :p ESCAPE '\\')"
-            " ORDER BY updated_at DESC, rowid DESC",
-            {"p": pattern},
-        ).fetchall()
+        rows = self._read(
+            lambda db: db.execute(
+                "SELECT id, title, created_at, updated_at, settings FROM conversations c"
+                " WHERE c.title LIKE :p ESCAPE '\\'"
+                " OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id"
+                "            AND m.content LIKE :p ESCAPE '\\')"
+                " ORDER BY updated_at DESC, rowid DESC",
+                {"p": pattern},
+            ).fetchall()
+        )
         return [_conversation(r) for r in rows]
 
     def rename(self, conversation_id: str, title: str) -> None:
@@ -238,18 +259,22 @@ class ConversationStore:
         self._update_conversation(conversation_id, "settings = ?", (settings.to_json(),))
 
     def delete_conversation(self, conversation_id: str) -> None:
-        with self._tx() as db:
+        def delete(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
+        self._write(delete)
+
     def _update_conversation(self, conversation_id: str, assignment: str, args: tuple) -> None:
-        with self._tx() as db:
-            cur = db.execute(
+        now = self._now()
+        cur = self._write(
+            lambda db: db.execute(
                 f"UPDATE conversations SET {assignment}, updated_at = ? WHERE id = ?",
-                (*args, self._now(), conversation_id),
+                (*args, now, conversation_id),
             )
-            if cur.rowcount == 0:
-                raise NpuchatError(f"conversation {conversation_id} does not exist")
+        )
+        if cur.rowcount == 0:
+            raise NpuchatError(f"conversation {conversation_id} does not exist")
 
     # ---- messages ------------------------------------------------------------------------
 
@@ -265,19 +290,22 @@ class ConversationStore:
         """Append and commit a message; the first user message also becomes the title if the
         conversation has none yet."""
         now = self._now()
-        with self._tx() as db:
+
+        def insert(db: sqlite3.Connection) -> int | None:
             cur = db.execute(
                 "INSERT INTO messages (conversation_id, role, content, status, metrics, error,"
                 " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, role, content, status, metrics_to_json(metrics), error, now),
             )
-            message_id = cur.lastrowid
             db.execute(
                 "UPDATE conversations SET updated_at = ?,"
                 " title = CASE WHEN title = '' AND ? = 'user' THEN ? ELSE title END"
                 " WHERE id = ?",
                 (now, role, default_title(content), conversation_id),
             )
+            return cur.lastrowid
+
+        message_id = self._write(insert)
         assert message_id is not None
         return self.get_message(message_id)
 
@@ -289,41 +317,50 @@ class ConversationStore:
         status: MessageStatus,
         metrics: Metrics | None = None,
         error: str = "",
+        deadline_s: float | None = None,
     ) -> StoredMessage:
         """Overwrite a (streaming) reply: called periodically with status "partial" and once
-        more when the reply ends."""
-        with self._tx() as db:
-            db.execute(
+        more when the reply ends. `deadline_s` bounds the wait for a locked file (a periodic
+        save can give up and let the next one catch up)."""
+        self._write(
+            lambda db: db.execute(
                 "UPDATE messages SET content = ?, status = ?, metrics = ?, error = ? WHERE id = ?",
                 (content, status, metrics_to_json(metrics), error, message_id),
-            )
+            ),
+            deadline_s,
+        )
         return self.get_message(message_id)
 
     def get_message(self, message_id: int) -> StoredMessage:
-        row = self._db.execute(
-            "SELECT id, conversation_id, role, content, status, created_at, metrics, error"
-            " FROM messages WHERE id = ?",
-            (message_id,),
-        ).fetchone()
+        row = self._read(
+            lambda db: db.execute(
+                "SELECT id, conversation_id, role, content, status, created_at, metrics, error"
+                " FROM messages WHERE id = ?",
+                (message_id,),
+            ).fetchone()
+        )
         if row is None:
             raise NpuchatError(f"message {message_id} does not exist")
         return _message(row)
 
     def messages(self, conversation_id: str) -> list[StoredMessage]:
-        rows = self._db.execute(
-            "SELECT id, conversation_id, role, content, status, created_at, metrics, error"
-            " FROM messages WHERE conversation_id = ? ORDER BY id",
-            (conversation_id,),
-        ).fetchall()
+        rows = self._read(
+            lambda db: db.execute(
+                "SELECT id, conversation_id, role, content, status, created_at, metrics, error"
+                " FROM messages WHERE conversation_id = ? ORDER BY id",
+                (conversation_id,),
+            ).fetchall()
+        )
         return [_message(r) for r in rows]
 
     def truncate_from(self, conversation_id: str, message_id: int) -> None:
         """Delete `message_id` and every later message (regenerate, edit-and-continue)."""
-        with self._tx() as db:
-            db.execute(
+        self._write(
+            lambda db: db.execute(
                 "DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
                 (conversation_id, message_id),
             )
+        )
 
     # ---- export --------------------------------------------------------------------------
 
@@ -333,6 +370,8 @@ class ConversationStore:
         conv = self.get_conversation(conversation_id)
         msgs = self.messages(conversation_id)
         fmt = fmt or ("json" if path.suffix.lower() == ".json" else "markdown")
+        from .store_export import export_json, export_markdown
+
         text = export_json(conv, msgs) if fmt == "json" else export_markdown(conv, msgs)
         path = path.expanduser().resolve()
         try:
@@ -347,78 +386,6 @@ def default_title(first_user_message: str, limit: int = 60) -> str:
     """The first line of the first user message, shortened to `limit` characters."""
     line = next((ln.strip() for ln in first_user_message.splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
-
-
-def export_markdown(conv: Conversation, msgs: list[StoredMessage]) -> str:
-    out = [f"# {conv.title or 'Untitled conversation'}", ""]
-    out.append(f"*Created {conv.created_at:%Y-%m-%d %H:%M} UTC*")
-    if conv.settings.system_prompt:
-        out += ["", "**System:** " + conv.settings.system_prompt]
-    for m in msgs:
-        heading = {"user": "You", "assistant": "Assistant", "system": "System"}[m.role]
-        if m.status != "complete":
-            heading += f" ({m.status})"
-        out += ["", f"## {heading}", "", m.content.rstrip()]
-        if m.error:
-            out += ["", f"> Error: {m.error}"]
-    return "\n".join(out) + "\n"
-
-
-def export_json(conv: Conversation, msgs: list[StoredMessage]) -> str:
-    doc: dict[str, Any] = {
-        "id": conv.id,
-        "title": conv.title,
-        "created_at": conv.created_at.isoformat(),
-        "updated_at": conv.updated_at.isoformat(),
-        "settings": asdict(conv.settings),
-        "messages": [
-            {
-                "role": m.role,
-                "content": m.content,
-                "status": m.status,
-                "created_at": m.created_at.isoformat(),
-                "metrics": None if m.metrics is None else asdict(m.metrics),
-                "error": m.error,
-            }
-            for m in msgs
-        ],
-    }
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-
-
-def _prepare(db: sqlite3.Connection, name: str) -> None:
-    """Check the schema version, migrate forward if older, refuse if newer or foreign."""
-    try:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        raise NpuchatError(
-            f"{name} is not an SQLite database ({exc}); move it away to start a new history"
-        ) from exc
-    if version > SCHEMA_VERSION:
-        raise NpuchatError(
-            f"{name} has schema version {version}, newer than this npuchat understands"
-            f" ({SCHEMA_VERSION}); upgrade npuchat (the file was left untouched)"
-        )
-    if version == 0:
-        tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()
-        if tables[0]:
-            raise NpuchatError(
-                f"{name} holds tables but no npuchat schema version; it is not an npuchat"
-                " history (the file was left untouched); move it away"
-            )
-    db.execute("PRAGMA foreign_keys = ON")
-    db.execute("PRAGMA journal_mode = WAL")
-    if version < SCHEMA_VERSION:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for step in MIGRATIONS[version:]:
-                step(db)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-    db.execute("PRAGMA synchronous = NORMAL")
 
 
 def _conversation(row: tuple) -> Conversation:
@@ -451,6 +418,4 @@ __all__ = [
     "ConversationStore",
     "StoredMessage",
     "default_title",
-    "export_json",
-    "export_markdown",
 ]

@@ -154,15 +154,17 @@ def run_app(
     loader: EngineLoader,
     *,
     config_path: Path | None = None,
-) -> None:
-    """Run the TUI until the user quits. The caller owns (and closes) the store; the engine the
-    app loaded is closed here, after run() has joined the worker threads."""
+) -> int:
+    """Run the TUI until the user quits; returns the exit status (non-zero after a crash).
+    The caller owns (and closes) the store; the engine the app loaded is closed here, after
+    run() has joined the worker threads."""
     app = NpuchatApp(settings, store, loader, config_path=config_path)
     try:
         app.run()
     finally:
         if app.engine is not None:
             close_engine(app.engine)
+    return app.return_code or 0
 
 
 def close_engine(engine: ChatEngine) -> None:

@@ -31,6 +31,7 @@ from npuchat.app.store import (
     MessageStatus,
     StoredMessage,
 )
+from npuchat.app.store_schema import DatabaseBusyError
 from npuchat.app.tui.commands import ChatCommands
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.dialogs import ConfirmScreen, PromptScreen
@@ -65,8 +66,8 @@ if TYPE_CHECKING:
 
 DRAIN_INTERVAL_S = 0.1
 """UI refresh period while streaming: at most 10 updates a second."""
-SAVE_INTERVAL_S = 2.0
-"""How often a streaming reply's text is committed (crash safety vs. write load)."""
+SAVE_INTERVAL_S = 0.5
+"""How often a streaming reply's text is committed: a kill -9 loses at most this much."""
 
 
 def empty_hint(keymap: Mapping[str, str]) -> str:
@@ -206,15 +207,23 @@ class ChatScreen(Screen[None]):
         if self._busy("send another message"):
             return
         store = self.npuchat.store
-        if self.conversation is None:
-            self.conversation = store.create_conversation(settings=self._settings)
-            self._new_chat_settings = None
-        conv_id = self.conversation.id
-        if self._editing_id is not None:
-            await self._truncate_from(self._editing_id)
-            self._end_edit()
-        message = store.add_message(conv_id, "user", event.text)
-        self.conversation = store.get_conversation(conv_id)
+        try:
+            if self.conversation is None:
+                self.conversation = store.create_conversation(settings=self._settings)
+                self._new_chat_settings = None
+            conv_id = self.conversation.id
+            if await self._pick_up_other_writes() and self._editing_id is not None:
+                self._end_edit()
+                self.notify("Another process added turns here; your text is kept, send again.")
+                return
+            if self._editing_id is not None:
+                await self._truncate_from(self._editing_id)
+                self._end_edit()
+            message = store.add_message(conv_id, "user", event.text)
+            self.conversation = store.get_conversation(conv_id)
+        except NpuchatError as exc:  # a locked or damaged database: the text stays typed
+            self.notify(str(exc), title="Not sent", severity="error", timeout=12)
+            return
         composer = self.query_one(Composer)
         composer.clear()
         await self._mount_views([UserMessage(message.id, message.content)])
@@ -230,8 +239,12 @@ class ChatScreen(Screen[None]):
             return
         store = self.npuchat.store
         conv = self.conversation
-        request = build_request(conv.id, conv.settings, store.messages(conv.id))
-        row = store.add_message(conv.id, "assistant", "", status="partial")
+        try:
+            request = build_request(conv.id, conv.settings, store.messages(conv.id))
+            row = store.add_message(conv.id, "assistant", "", status="partial")
+        except NpuchatError as exc:
+            self.notify(str(exc), title="Cannot reply", severity="error", timeout=12)
+            return
         view = AssistantMessage(row.id, status="partial")
         await self._mount_views([view])
         view.set_generating()
@@ -282,12 +295,24 @@ class ChatScreen(Screen[None]):
             ):
                 self._save_partial(reply, "partial")
 
-    def _save_partial(self, reply: ActiveReply, status: MessageStatus) -> None:
+    def _save_partial(
+        self, reply: ActiveReply, status: MessageStatus, deadline_s: float | None = 0.0
+    ) -> None:
+        """Commit the text on screen; a locked file is retried at the next tick."""
         assert reply.view.message_id is not None
-        self.npuchat.store.update_message(
-            reply.view.message_id, content=reply.view.content, status=status, metrics=reply.metrics
-        )
         reply.saved_at = time.monotonic()
+        try:
+            self.npuchat.store.update_message(
+                reply.view.message_id,
+                content=reply.view.content,
+                status=status,
+                metrics=reply.metrics,
+                deadline_s=deadline_s,
+            )
+        except NpuchatError as exc:
+            if not isinstance(exc, DatabaseBusyError):
+                self.notify(str(exc), title="Reply not saved", severity="error", timeout=12)
+            return
         reply.saved_len = len(reply.view.content)
 
     async def _finish(self, reply: ActiveReply, terminal: TerminalEvent) -> None:
@@ -305,13 +330,16 @@ class ChatScreen(Screen[None]):
             self.notify(terminal.message, title="Engine error", severity="error", timeout=8)
         await reply.view.finish(status, reply.metrics, error)
         assert reply.view.message_id is not None
-        self.npuchat.store.update_message(
-            reply.view.message_id,
-            content=reply.view.content,
-            status=status,
-            metrics=reply.metrics,
-            error=error,
-        )
+        try:
+            self.npuchat.store.update_message(
+                reply.view.message_id,
+                content=reply.view.content,
+                status=status,
+                metrics=reply.metrics,
+                error=error,
+            )
+        except NpuchatError as exc:
+            self.notify(str(exc), title="Reply not saved", severity="error", timeout=12)
         self._reply = None
         state = {"complete": "last reply", "stopped": "last reply (stopped)"}.get(
             status, "last reply (failed)"
@@ -386,6 +414,12 @@ class ChatScreen(Screen[None]):
 
     async def action_regenerate(self) -> None:
         if self.conversation is None or self._busy("regenerate"):
+            return
+        if await self._pick_up_other_writes():
+            self.notify(
+                "Another process changed this conversation; it is shown as saved now."
+                " Regenerate again to replace its last reply."
+            )
             return
         history = self.npuchat.store.messages(self.conversation.id)
         last_user = max((m.id for m in history if m.role == "user"), default=None)
@@ -476,6 +510,20 @@ class ChatScreen(Screen[None]):
         panel.show(last.metrics if last else None, [], "last reply" if last else "no reply yet")
         await self._refresh_sidebar()
         self.query_one(Composer).focus()
+
+    async def _pick_up_other_writes(self) -> bool:
+        """Show the conversation as stored if another process (`npuchat run --conversation`)
+        changed it since it was shown; True if it had. Actions that delete or continue from
+        "the last reply" must act on what the user sees, never on turns they have not seen."""
+        if self.conversation is None:
+            return False
+        history = self.npuchat.store.messages(self.conversation.id)
+        stored = [m.id for m in history if m.role in ("user", "assistant")]
+        shown = [v.message_id for v in self.query_one(MessageList).query(MessageView)]
+        if stored == shown:
+            return False
+        await self._show_conversation(history)
+        return True
 
     async def _show_conversation(self, history: list[StoredMessage]) -> None:
         messages = self.query_one(MessageList)
@@ -600,7 +648,7 @@ class ChatScreen(Screen[None]):
         if reply is not None:
             reply.cancel.set()
             reply.view.content += reply.buffer.drain().text
-            self._save_partial(reply, "stopped")
+            self._save_partial(reply, "stopped", deadline_s=None)
 
 
 def _slug(title: str) -> str:
