@@ -1,179 +1,37 @@
 """Tokenizer built from GGUF metadata, reproducing llama.cpp's token ids.
 
 The model's own GGUF carries everything a tokenizer needs (pieces, merges or scores, token types,
-special ids), so no `tokenizer.json` is downloaded. The subword algorithm itself is the
-`tokenizers` library's BPE; this module only configures it the way llama.cpp's `llama-vocab.cpp`
-behaves, so the ids we feed the model are the ids llama.cpp would feed it:
-
-- `gpt2` vocabularies (SmolLM2, Qwen2.5): byte-level BPE over the GGUF merges, after llama.cpp's
-  pre-tokenizer regexes for the `tokenizer.ggml.pre` type (applied in sequence, each match and
-  each gap becoming its own word), with `ignore_merges` where llama.cpp sets it (llama3 family).
-- `llama` vocabularies (SentencePiece, Phi-3): llama.cpp's `llm_tokenizer_spm` repeatedly merges
-  the adjacent pair whose concatenation is the highest-scoring piece. A BPE whose merge list holds
-  every (left, right) split of every piece, ranked by the piece's score, performs the same merges
-  (the construction `transformers` uses for Llama). Spaces become "▁", a "▁" is prepended to each
-  text fragment when `add_space_prefix` is set, and characters without a piece fall back to
-  `<0xNN>` byte tokens.
-- Special tokens are matched exactly as `tokenizer_st_partition` does: CONTROL and UNKNOWN tokens
-  only with `parse_special=True`, USER_DEFINED tokens always, longest token text first. That
-  partition is done here (a few string searches) so that every plain-text fragment is encoded on
-  its own, which is what gives SentencePiece its space prefix after each special token.
-
-Decoding concatenates each token's piece bytes (llama.cpp's `token_to_piece`), and
-`StreamDecoder` holds back an incomplete UTF-8 sequence so that a character split across tokens
-is never shown half-way.
+special ids), so no `tokenizer.json` is downloaded. `tokenizer_build` turns the vocabulary into a
+`tokenizers` BPE configured the way llama.cpp behaves (the ids we feed the model are the ids
+llama.cpp would feed it); `vocab_tables` holds llama.cpp's tables; `detokenizer` renders ids as
+llama.cpp's pieces, streamed without splitting a character.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
+from .detokenizer import StreamDecoder, piece_to_bytes
 from .errors import NpuchatError
+from .tokenizer_build import add_special_tokens, byte_level_bpe, sentencepiece_bpe
+from .vocab_tables import EOG_TEXTS, PRE_REGEXES, PRE_TYPES, SPECIAL_TYPES, TokenType
 
 if TYPE_CHECKING:
     from .gguf_reader import GGUFFile
 
+__all__ = ["StreamDecoder", "TokenType", "Tokenizer", "TokenizerError"]
 
-class TokenType(IntEnum):
-    """`tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`)."""
-
-    UNDEFINED = 0
-    NORMAL = 1
-    UNKNOWN = 2
-    CONTROL = 3
-    USER_DEFINED = 4
-    UNUSED = 5
-    BYTE = 6
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TokenizerError(NpuchatError):
     """The GGUF's tokenizer metadata is missing, malformed or of an unsupported kind."""
-
-
-# --- llama.cpp pre-tokenizer regexes (llm_tokenizer_bpe), by family ------------------------------
-
-_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3_RE = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_RE = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-_PRE_REGEXES: dict[str, tuple[str, ...]] = {
-    "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"),
-    "llama3": (_LLAMA3_RE,),
-    "qwen2": (_QWEN2_RE,),
-    "starcoder": (r"\p{N}", _GPT2_RE),
-    "gpt2": (_GPT2_RE,),
-}
-
-# tokenizer.ggml.pre -> (regex family, ignore_merges, default add_bos), as llama_vocab::load maps
-# them. Names outside this table are refused rather than tokenized subtly wrong.
-_PRE_TYPES: dict[str, tuple[str, bool, bool]] = {
-    "default": ("default", False, False),
-    **{
-        name: ("llama3", True, True)
-        for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral")
-    },
-    "dbrx": ("llama3", False, False),
-    "smaug-bpe": ("llama3", False, False),
-    **{
-        name: ("qwen2", False, False)
-        for name in ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez")
-    },
-    **{
-        name: ("starcoder", False, False)
-        for name in (
-            "smollm",
-            "starcoder",
-            "refact",
-            "command-r",
-            "codeshell",
-            "exaone",
-            "minerva-7b",
-        )
-    },
-    **{
-        name: ("gpt2", False, False)
-        for name in ("gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion")
-    },
-}
-
-# Token texts llama.cpp treats as end-of-generation (llama_vocab::load, special_eog_ids).
-_EOG_TEXTS = frozenset(
-    {
-        "<|eot_id|>",
-        "<|im_end|>",
-        "<|end|>",
-        "<end_of_turn>",
-        "<|endoftext|>",
-        "<|eom_id|>",
-        "<EOT>",
-        "_<EOT>",
-        "<|end_of_text|>",
-        "<end_of_utterance>",
-        "<|fim_pad|>",
-        "<|repo_name|>",
-        "<|file_sep|>",
-        "</s>",
-    }
-)
-# Texts llama.cpp auto-detects as the EOT token when the metadata names none.
-_EOT_TEXTS = (
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-)
-
-_SPACE = "\u2581"  # SentencePiece's visible space "▁"
-_SURROGATE = re.compile("[\ud800-\udfff]")
-# Token types llama.cpp matches in text before BPE (its cache_special_tokens).
-_SPECIAL_TYPES = (int(TokenType.CONTROL), int(TokenType.USER_DEFINED), int(TokenType.UNKNOWN))
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {b: chr(b) for b in keep}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-_BYTE_DECODER: dict[str, int] = {c: b for b, c in _bytes_to_unicode().items()}
-
-
-def _c_isspace(ch: str) -> bool:
-    """C `isspace` in the "C" locale, which llama.cpp's lstrip/rstrip of special tokens uses."""
-    return ch in " \t\n\v\f\r"
-
-
-@dataclass(frozen=True)
-class _Fragment:
-    """A piece of input: either plain text to run through BPE, or one already-matched token."""
-
-    text: str = ""
-    token: int = -1
 
 
 class Tokenizer:
@@ -208,15 +66,11 @@ class Tokenizer:
         self._eot_ids = eot_ids
         self._add_bos = add_bos
         self._add_space_prefix = add_space_prefix
-        self._rstrip_ids = rstrip_ids
         self._piece_cache: dict[int, bytes] = {}
-        special = [int(i) for i in np.flatnonzero(np.isin(types, _SPECIAL_TYPES))]
-        # Longest first (llama.cpp sorts its special-token cache by byte length, descending).
-        special.sort(key=lambda i: -len(tokens[i].encode("utf-8")))
-        self._special_all = tuple((tokens[i], i) for i in special)
-        self._special_user = tuple(
-            (tokens[i], i) for i in special if types[i] == TokenType.USER_DEFINED
-        )
+        add_special_tokens(hf, tokens, types, rstrip_ids)
+        # `encode_special_tokens` is the library's per-tokenizer switch for parse_special;
+        # requests may encode from several threads, so flipping it and encoding is one step.
+        self._encode_lock = threading.Lock()
 
     # --- construction ----------------------------------------------------------------------
 
@@ -261,14 +115,14 @@ class Tokenizer:
         pre: str | None = None
         if model == "gpt2":
             pre = str(metadata.get("tokenizer.ggml.pre", "default")) or "default"
-            if pre not in _PRE_TYPES:
-                known = ", ".join(sorted(_PRE_TYPES))
+            if pre not in PRE_TYPES:
+                known = ", ".join(sorted(PRE_TYPES))
                 raise TokenizerError(f"pre-tokenizer {pre!r} is not supported; known: {known}")
-            family, ignore_merges, default_add_bos = _PRE_TYPES[pre]
+            family, ignore_merges, default_add_bos = PRE_TYPES[pre]
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, Sequence) or not merges:
                 raise TokenizerError("a 'gpt2' vocabulary needs tokenizer.ggml.merges")
-            hf = _byte_level_bpe(tokens, merges, _PRE_REGEXES[family], ignore_merges)
+            hf = byte_level_bpe(tokens, merges, PRE_REGEXES[family], ignore_merges)
             add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", False))
             bos_default = eos_default = None
         else:
@@ -280,7 +134,7 @@ class Tokenizer:
                 raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for {n}")
             add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
             unk = opt_id("tokenizer.ggml.unknown_token_id", 0)
-            hf = _sentencepiece_bpe(tokens, scores, add_space_prefix, unk)
+            hf = sentencepiece_bpe(tokens, scores, add_space_prefix, unk)
             default_add_bos = True
             bos_default, eos_default = 1, 2
 
@@ -288,9 +142,9 @@ class Tokenizer:
         eos_id = opt_id("tokenizer.ggml.eos_token_id", eos_default)
         add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", default_add_bos))
 
-        eot_ids: set[int] = {i for i, t in enumerate(tokens) if t in _EOG_TEXTS}
+        eot_ids: set[int] = {i for i, t in enumerate(tokens) if t in EOG_TEXTS}
         for i in eot_ids:  # llama.cpp forces end-of-generation tokens to CONTROL
-            if types[i] not in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN):
+            if types[i] not in SPECIAL_TYPES:
                 types[i] = TokenType.CONTROL
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             extra = opt_id(key, None)
@@ -302,7 +156,7 @@ class Tokenizer:
         rstrip: set[int] = set()
         if "phi-3" in name or "phi3" in name:
             # llama.cpp strips whitespace after Phi-3's special tokens (LLAMA_TOKEN_ATTR_RSTRIP).
-            rstrip = {int(i) for i in np.flatnonzero(np.isin(types, _SPECIAL_TYPES))}
+            rstrip = {int(i) for i in np.flatnonzero(np.isin(types, SPECIAL_TYPES))}
             rstrip |= {i for i, t in enumerate(tokens) if t == "</s>"}
             rstrip -= {i for i, t in enumerate(tokens) if t in ("<unk>", "<s>", "<|endoftext|>")}
 
@@ -359,10 +213,6 @@ class Tokenizer:
         """The id of a vocabulary entry given its stored text, if there is one."""
         return self._hf.token_to_id(text)
 
-    def is_special(self, token_id: int) -> bool:
-        """CONTROL / UNKNOWN tokens: invisible in decoded text unless asked for."""
-        return int(self._types[token_id]) in (TokenType.CONTROL, TokenType.UNKNOWN)
-
     # --- encoding --------------------------------------------------------------------------
 
     def encode(self, text: str, *, parse_special: bool = False, add_bos: bool = False) -> list[int]:
@@ -380,11 +230,9 @@ class Tokenizer:
         except UnicodeEncodeError:
             # Lone surrogates (e.g. undecodable bytes read with surrogateescape) are no text.
             text = _SURROGATE.sub("\ufffd", text)
-        for frag in self._partition(text, parse_special):
-            if frag.token >= 0:
-                out.append(frag.token)
-            else:
-                out.extend(self._hf.encode(frag.text, add_special_tokens=False).ids)
+        with self._encode_lock:
+            self._hf.encode_special_tokens = not parse_special
+            out.extend(self._hf.encode(text, add_special_tokens=False).ids)
         return out
 
     def encode_prompt(self, text: str) -> list[int]:
@@ -409,38 +257,6 @@ class Tokenizer:
             return [text] if text else []
         return [text[a:b] for _, (a, b) in pre.pre_tokenize_str(text)]
 
-    def _partition(self, text: str, parse_special: bool) -> list[_Fragment]:
-        """Split text around special tokens the way llama.cpp's tokenizer_st_partition does."""
-        frags = [_Fragment(text=text)] if text else []
-        specials = self._special_all if parse_special else self._special_user
-        for sp_text, sp_id in specials:
-            if not any(f.token < 0 and sp_text in f.text for f in frags):
-                continue
-            rstrip = sp_id in self._rstrip_ids
-            new: list[_Fragment] = []
-            for f in frags:
-                if f.token >= 0 or sp_text not in f.text:
-                    new.append(f)
-                    continue
-                rest = f.text
-                while True:
-                    at = rest.find(sp_text)
-                    if at < 0:
-                        if rest:
-                            new.append(_Fragment(text=rest))
-                        break
-                    if at > 0:
-                        new.append(_Fragment(text=rest[:at]))
-                    new.append(_Fragment(token=sp_id))
-                    rest = rest[at + len(sp_text) :]
-                    if rstrip:
-                        k = 0
-                        while k < len(rest) and _c_isspace(rest[k]):
-                            k += 1
-                        rest = rest[k:]
-            frags = new
-        return frags
-
     # --- decoding --------------------------------------------------------------------------
 
     def piece_bytes(self, token_id: int, *, special: bool = False) -> bytes:
@@ -453,24 +269,10 @@ class Tokenizer:
         if ttype in (TokenType.CONTROL, TokenType.UNKNOWN):
             return self._tokens[token_id].encode("utf-8") if special else b""
         cached = self._piece_cache.get(token_id)
-        if cached is not None:
-            return cached
-        text = self._tokens[token_id]
-        if ttype == TokenType.USER_DEFINED:
-            piece = text.encode("utf-8")
-        elif ttype == TokenType.BYTE and text.startswith("<0x") and len(text) == 6:
-            piece = bytes([int(text[3:5], 16)])
-        elif ttype != TokenType.NORMAL:
-            piece = b""  # unused / undefined: llama.cpp renders nothing
-        elif self.model == "llama":
-            piece = text.replace(_SPACE, " ").encode("utf-8")
-        else:
-            piece = b"".join(
-                bytes((_BYTE_DECODER[c],)) if c in _BYTE_DECODER else c.encode("utf-8")
-                for c in text
-            )
-        self._piece_cache[token_id] = piece
-        return piece
+        if cached is None:
+            cached = piece_to_bytes(self._tokens[token_id], ttype, self.model == "llama")
+            self._piece_cache[token_id] = cached
+        return cached
 
     def id_to_piece(self, token_id: int, *, special: bool = True) -> str:
         """One token's text (special tokens shown by default; bytes of a split char as U+FFFD)."""
@@ -489,179 +291,3 @@ class Tokenizer:
     def detokenizer(self, *, special: bool = False) -> StreamDecoder:
         """A fresh streaming decoder for one generated reply."""
         return StreamDecoder(self, special=special)
-
-
-class StreamDecoder:
-    """Turns generated ids into text one id at a time, never emitting half a character.
-
-    Byte-level BPE tokens and SentencePiece `<0xNN>` tokens can carry part of a UTF-8 sequence;
-    those bytes wait here until the character is complete. Bytes that can never complete a
-    character come out as U+FFFD. For SentencePiece vocabularies the leading "▁" of the first
-    piece (the space prefix convention) is dropped.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, *, special: bool = False) -> None:
-        self._tok = tokenizer
-        self._special = special
-        self._pending = b""
-        self._strip_space = tokenizer.add_space_prefix
-
-    def push(self, token_id: int) -> str:
-        """Add one token; return the text that is now complete ("" while a char is split)."""
-        piece = self._tok.piece_bytes(token_id, special=self._special)
-        if not piece:
-            return ""
-        if self._strip_space:
-            self._strip_space = False
-            if piece.startswith(b" "):
-                piece = piece[1:]
-        buf = self._pending + piece
-        cut = _complete_prefix_len(buf)
-        self._pending = buf[cut:]
-        return buf[:cut].decode("utf-8", errors="replace")
-
-    def flush(self) -> str:
-        """Whatever is still held back (an unfinished character becomes U+FFFD)."""
-        out = self._pending.decode("utf-8", errors="replace")
-        self._pending = b""
-        return out
-
-    @property
-    def pending(self) -> bool:
-        """Whether bytes of an unfinished character are held back."""
-        return bool(self._pending)
-
-
-def _complete_prefix_len(buf: bytes) -> int:
-    """Length of `buf` without a trailing, still-completable UTF-8 sequence."""
-    n = len(buf)
-    # The last lead byte within the final 3 bytes decides whether the tail is unfinished.
-    for back in range(1, min(3, n) + 1):
-        b = buf[n - back]
-        if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
-            continue
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return n - back if need > back else n
-    return n
-
-
-# --- tokenizers-library models ------------------------------------------------------------------
-
-
-def _vocab_dict(tokens: list[str]) -> dict[str, int]:
-    """Piece -> id; a duplicated piece keeps its first id (llama.cpp refuses such vocabularies)."""
-    vocab = dict(zip(tokens, range(len(tokens)), strict=True))
-    if len(vocab) != len(tokens):
-        vocab = {}
-        for i, t in enumerate(tokens):
-            vocab.setdefault(t, i)
-    return vocab
-
-
-def _byte_level_bpe(
-    tokens: list[str], merges: Sequence[str], regexes: Sequence[str], ignore_merges: bool
-) -> HFTokenizer:
-    """Byte-level BPE with llama.cpp's pre-tokenizer regexes, built as tokenizer.json text.
-
-    Going through JSON is several times faster than the Python constructors for a 150k vocab,
-    and the merges go in as the GGUF's "left right" strings for the library to split. Only if
-    the library refuses them (a merge naming a piece that is not in the vocabulary, or a piece
-    containing a space) are they split and filtered here, the way llama.cpp reads them.
-    """
-    vocab = _vocab_dict(tokens)
-    pre: list[dict[str, Any]] = [
-        {"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated", "invert": False}
-        for r in regexes
-    ]
-    pre.append(
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    )
-    model: dict[str, Any] = {
-        "type": "BPE",
-        "dropout": None,
-        "unk_token": None,
-        "continuing_subword_prefix": None,
-        "end_of_word_suffix": None,
-        "fuse_unk": False,
-        "byte_fallback": False,
-        "ignore_merges": ignore_merges,
-        "vocab": vocab,
-        "merges": list(merges),
-    }
-    spec = _spec(model, normalizer=None, pre_tokenizer={"type": "Sequence", "pretokenizers": pre})
-    try:
-        return HFTokenizer.from_str(json.dumps(spec, ensure_ascii=False))
-    except Exception:  # the library's error type is not exported; retry with checked merges
-        pass
-    pairs: list[list[str]] = []
-    for m in merges:
-        # llama.cpp splits at the first space after position 0 (a merge may start with " ").
-        pos = m.find(" ", 1)
-        if pos < 0:
-            continue
-        left, right = m[:pos], m[pos + 1 :]
-        if left in vocab and right in vocab and left + right in vocab:
-            pairs.append([left, right])
-    model["merges"] = pairs
-    return HFTokenizer.from_str(json.dumps(spec, ensure_ascii=False))
-
-
-def _spec(
-    model: dict[str, Any], *, normalizer: dict[str, Any] | None, pre_tokenizer: Any
-) -> dict[str, Any]:
-    """A tokenizer.json document around one model: no added tokens, no post-processing."""
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": normalizer,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": None,
-        "decoder": None,
-        "model": model,
-    }
-
-
-def _sentencepiece_bpe(
-    tokens: list[str], scores: np.ndarray, add_space_prefix: bool, unk_id: int | None
-) -> HFTokenizer:
-    """llama.cpp's SPM tokenizer as a `tokenizers` BPE.
-
-    llm_tokenizer_spm merges, at every step, the adjacent pair whose concatenation is the
-    vocabulary piece with the highest score. Listing every split (left, right) of every piece as
-    a merge, ranked by that piece's score, makes the BPE pick the same pair at every step.
-    Where two different pieces have exactly the same score, llama.cpp takes the leftmost pair and
-    this BPE the lower id; SentencePiece models give their pieces distinct scores, so that case
-    does not arise in practice (the tests compare with SentencePiece itself).
-    """
-    vocab = _vocab_dict(tokens)
-    order = sorted(range(len(tokens)), key=lambda i: (-float(scores[i]), i))
-    pairs: list[list[str]] = []
-    for i in order:
-        piece = tokens[i]
-        if vocab.get(piece) != i:
-            continue
-        for k in range(1, len(piece)):
-            left, right = piece[:k], piece[k:]
-            if left in vocab and right in vocab:
-                pairs.append([left, right])
-    normalizers: list[dict[str, Any]] = []
-    if add_space_prefix:
-        normalizers.append({"type": "Prepend", "prepend": _SPACE})
-    normalizers.append({"type": "Replace", "pattern": {"String": " "}, "content": _SPACE})
-    model = {
-        "type": "BPE",
-        "dropout": None,
-        "unk_token": tokens[unk_id] if unk_id is not None else None,
-        "continuing_subword_prefix": None,
-        "end_of_word_suffix": None,
-        "fuse_unk": False,
-        "byte_fallback": True,
-        "ignore_merges": False,
-        "vocab": vocab,
-        "merges": pairs,
-    }
-    normalizer = {"type": "Sequence", "normalizers": normalizers}
-    spec = _spec(model, normalizer=normalizer, pre_tokenizer=None)
-    return HFTokenizer.from_str(json.dumps(spec, ensure_ascii=False))
