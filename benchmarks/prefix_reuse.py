@@ -7,8 +7,8 @@ conversation (prefill tokens: only the new message), a new process that finds th
 disk, and a conversation after the process sat idle (this machine pages out idle memory).
 Ratios are to the cold figure of the same run. Uses a private cache folder, so the first
 request is really cold (graphs are built before timing starts). The requests go through
-`npuchat.engine.bench.ask`, the same code as `npuchat bench`'s prefix-reuse figures; this script
-adds the second turn and the idle case.
+`npuchat.engine.bench_timers.ask`, the same code as `npuchat bench`'s prefix-reuse figures;
+this script adds the second turn and the idle case.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from npuchat.app.engine_factory import KEEP_WARM_S
-from npuchat.engine.bench import Reply, ask, system_prompt
+from npuchat.engine.bench_timers import Reply, ask, system_prompt
 from npuchat.engine.catalog import Catalog
 from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams
 from npuchat.engine.paths import Paths
@@ -34,7 +34,7 @@ REPLY_TOKENS = 8
 
 
 def second_turn(session: ChatSession, system: str, first: str, reply: str, user: str) -> Reply:
-    """The second turn of a conversation (the one request `bench.ask` does not cover)."""
+    """The second turn of a conversation (the one request `bench_timers.ask` does not cover)."""
     msgs = (ChatMessage("user", first), ChatMessage("assistant", reply), ChatMessage("user", user))
     request = ChatRequest(
         "b", system, msgs, SamplingParams(temperature=0.0, max_tokens=REPLY_TOKENS)

@@ -24,15 +24,12 @@ import threading
 import time
 from pathlib import Path
 
-from npuchat.engine import bench
+from npuchat.engine.bench_suites import PROMPTS
 from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
 from npuchat.engine.model import Model
 from npuchat.engine.session import ChatSession, SessionOptions
 from npuchat.engine.speculative import SpeculativeDecoder
-
-# one prompt set for this script and `npuchat bench` (engine/bench.py)
-PROMPTS = bench.PROMPTS
 
 
 def _resolve(name: str) -> Path:

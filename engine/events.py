@@ -41,6 +41,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 1024
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # run to max_tokens past end-of-turn tokens (benchmarks)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -185,10 +186,25 @@ class ChatSession:
         """
         if self.speculative is not None:
             self.speculative.close()
-        self.speculative = None
-        if drafters:
-            self.speculative = SpeculativeDecoder(self.model, drafters, **kw)  # type: ignore[arg-type]
-            self.speculative.calibrate()
+        self.speculative = self.make_decoder(drafters, **kw) if drafters else None
+
+    def make_decoder(self, drafters: Sequence[Drafter], **kw: object) -> SpeculativeDecoder:
+        """A speculative decoder over this session's model, its cost model calibrated."""
+        decoder = SpeculativeDecoder(self.model, drafters, **kw)  # type: ignore[arg-type]
+        decoder.calibrate()
+        return decoder
+
+    @contextmanager
+    def decoding_with(self, decoder: SpeculativeDecoder | None) -> Iterator[None]:
+        """Decode with `decoder` (None: plainly) for the requests made inside the block, then
+        with the session's own again (benchmarks compare drafter modes on one session). The
+        caller keeps `decoder` and closes it."""
+        own = self.speculative
+        self.speculative = decoder
+        try:
+            yield
+        finally:
+            self.speculative = own
 
     @property
     def device(self) -> str:
@@ -431,7 +447,7 @@ class ChatSession:
                 now = clock()
                 if generated == 1:
                     t_first = now
-                if token in self.stop_ids:
+                if token in self.stop_ids and not params.ignore_eos:
                     stop = "eos"
                 else:
                     text, hit = stops.feed(detok.push(token))

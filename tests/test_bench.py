@@ -16,7 +16,7 @@ from synthetic import write_synthetic_gguf
 
 from npuchat.app import bench_command
 from npuchat.app.cli import main
-from npuchat.engine import bench
+from npuchat.engine import bench, bench_suites
 from npuchat.engine.gguf_reader import GGUFFile
 
 # llama-bench's `-o json` rows (llama.cpp tools/llama-bench): one object per test, with the
@@ -116,7 +116,7 @@ def test_every_figure_is_sane(quick_run: dict[str, Any]) -> None:
         assert f["min"] > 0, path
         assert f["min"] <= f["median"] <= f["max"], path
         assert f["n"] >= 1, path
-    suite = bench.SUITES["quick"]
+    suite = bench_suites.SUITES["quick"]
     assert not report["interrupted"] and report["skipped"] == []
     assert [r["tokens"] for r in report["prefill"]] == list(suite.prefill_sizes)
     assert [r["context"] for r in report["decode"]] == list(suite.decode_contexts)
@@ -163,17 +163,18 @@ def test_prefix_reuse_and_speculation_sections(quick_run: dict[str, Any]) -> Non
     spec = report["speculation"]
     assert spec["available"] and spec["modes"] == ["target", "lookup", "draft", "both"]
     assert report["model"]["draft"] == report["chat"]["draft"] == "lookup+syn-draft"
-    assert [row["prompt"] for row in spec["prompts"]] == list(bench.PROMPTS)
+    assert [row["prompt"] for row in spec["prompts"]] == list(bench_suites.PROMPTS)
     for row in spec["prompts"]:
-        assert row["target"]["drafted"] == 0
-        assert row["target"]["exact"]  # plain greedy decoding repeats itself
+        target = row["modes"]["target"]
+        assert target["drafted"] == 0
+        assert target["exact"]  # plain greedy decoding repeats itself
         for mode in spec["modes"]:
-            r = row[mode]
+            r = row["modes"][mode]
             assert r["exact"] == (r["first_difference"] is None)
             assert 0 <= r["accepted"] <= r["drafted"]
             if mode != "target":
                 assert r["vs_target"] == pytest.approx(
-                    r["decode_tps"]["median"] / row["target"]["decode_tps"]["median"]
+                    r["decode_tps"]["median"] / target["decode_tps"]["median"]
                 )
 
 
@@ -217,6 +218,19 @@ def test_readme_section_from_the_report(
     assert f"{pp512['tps']['median']:.1f} ({pp512['ratio']:.2f}× llama.cpp)" in row
 
 
+def test_readme_refuses_a_report_it_cannot_read(
+    quick_run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = json.loads(quick_run["json"].read_text())
+    old["schema"] = 1
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "broken.json").write_text('{"schema": 2, "suite": "quick"}')
+    for name, needle in (("old.json", "rerun `npuchat bench --json`"), ("broken.json", "not a")):
+        assert bench_command.main(["--readme", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+
+
 def test_ctrl_c_prints_what_was_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -236,7 +250,7 @@ def test_ctrl_c_prints_what_was_measured(
     report = json.loads(out.read_text())
     assert report["interrupted"] is True
     assert [r["tokens"] for r in report["prefill"]] == [128, 512]
-    assert report["decode"] == [] and "chat" not in report
+    assert report["decode"] == [] and report["chat"] is None
     printed = capsys.readouterr().out
     assert "interrupted" in printed and "Prefill" in printed
 

@@ -1,0 +1,132 @@
+"""The benchmark's child processes: start-up and "after a restart" are what a user waits for in a
+new process (interpreter, imports, graph load), so they are measured in one.
+
+The parent writes a `ChildSpec` as JSON and runs `python -m npuchat.engine.bench_child SPEC`; the
+child prints one JSON line, a `StartAnswer` or a `RestartAnswer`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from .bench_report import from_plain
+from .bench_timers import ask, exercise, peak_rss_bytes, system_prompt
+from .errors import NpuchatError
+from .model import Model, default_capacities
+from .session import ChatSession
+
+VERIFY_K = 8
+A = TypeVar("A")
+
+
+@dataclass
+class ChildSpec:
+    kind: str  # "start" or "restart"
+    gguf: str
+    name: str
+    device: str
+    threads: int | None
+    cache_dir: str
+    systems: list[str] = field(default_factory=list)  # restart: one request per system prompt
+    warmup_tokens: int = 0
+
+
+@dataclass
+class StartAnswer:
+    load_s: float
+    ready_wall: float  # wall clock when the model was loaded (the parent knows when it spawned)
+    graph_builds: int
+    peak_rss_bytes: int | None
+    kv_bytes_per_token: int
+    kv_bytes_by_capacity: dict[str, int]
+    kv_bytes_in_use: int
+
+
+@dataclass
+class RestartAnswer:
+    ttft_s: list[float]
+    reused_tokens: list[int]
+
+
+def run_child(spec: ChildSpec, answer: type[A], spec_file: Path) -> tuple[A, float]:
+    """Run `spec` in a new Python process; its answer and the wall time it was spawned at."""
+    spec_file.parent.mkdir(parents=True, exist_ok=True)
+    spec_file.write_text(json.dumps(asdict(spec)))
+    spawned = time.time()  # wall clock: the child reports when it was ready on it
+    res = subprocess.run(
+        [sys.executable, "-m", "npuchat.engine.bench_child", str(spec_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode:
+        tail = "\n".join(res.stderr.strip().splitlines()[-5:])
+        raise NpuchatError(f"benchmark child process ({spec.kind}) failed:\n{tail}")
+    return from_plain(answer, json.loads(res.stdout.strip().splitlines()[-1])), spawned
+
+
+def _start(spec: ChildSpec) -> StartAnswer:
+    """Load (building the graphs if the cache is empty), then run every graph shape once."""
+    t = time.perf_counter()
+    model = Model.load(
+        spec.gguf,
+        cache_dir=Path(spec.cache_dir),
+        device=spec.device,
+        threads=spec.threads,
+        verify_k=VERIFY_K,
+    )
+    load_s = time.perf_counter() - t
+    ready_wall = time.time()
+    builds = model.graph_builds
+    exercise(model, min(512, model.max_capacity // 2))
+    kv_in_use = model.kv_bytes  # the capacity variant the exercise moved to
+    per_token = kv_in_use // model.capacity
+    caps = [c for c in default_capacities(model.config.context_length) if c <= model.max_capacity]
+    model.close()
+    return StartAnswer(
+        load_s=load_s,
+        ready_wall=ready_wall,
+        graph_builds=builds,
+        peak_rss_bytes=peak_rss_bytes(),
+        kv_bytes_per_token=per_token,
+        kv_bytes_by_capacity={str(c): per_token * c for c in caps},
+        kv_bytes_in_use=kv_in_use,
+    )
+
+
+def _restart(spec: ChildSpec) -> RestartAnswer:
+    """First request for each system prompt in a new process: its prefix comes from disk."""
+    session = ChatSession.open(
+        Path(spec.gguf),
+        name=spec.name,
+        cache_dir=Path(spec.cache_dir),
+        device=spec.device,
+        threads=spec.threads,
+        verify_k=VERIFY_K,
+    )
+    try:
+        warm = system_prompt(session, spec.warmup_tokens, f"restart-warm-up-{os.getpid()}")
+        ask(session, warm, "Review: x = 1", 4)
+        replies = [ask(session, s, "Review: def mul(a, b): return a*b", 4) for s in spec.systems]
+    finally:
+        session.close()
+    return RestartAnswer([r.ttft_s for r in replies], [r.reused_tokens for r in replies])
+
+
+def main(argv: Sequence[str]) -> int:
+    spec = from_plain(ChildSpec, json.loads(Path(argv[0]).read_text()))
+    answer = _start(spec) if spec.kind == "start" else _restart(spec)
+    print(json.dumps(asdict(answer)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
