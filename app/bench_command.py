@@ -26,13 +26,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from npuchat.engine.bench import BenchRun
 from npuchat.engine.bench_report import read_report
 from npuchat.engine.bench_suites import SUITES
+from npuchat.engine.devices import pick_device
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.pull import pull
 
 from .bench_readme import readme_section
 from .bench_render import render
 from .context import AppContext
-from .engine_factory import check_draft, open_engine, resolve_device
+from .engine_factory import check_draft, open_engine
 from .engine_port import EngineSpec
 from .progress import RichPullProgress
 
@@ -40,30 +41,9 @@ MIB = 2**20
 CHART_WIDTH = 40
 
 
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", dest="bench_model", help="model name (default: from settings)")
-    p.add_argument(
-        "--draft",
-        dest="bench_draft",
-        default="default",
-        help="drafts for the speculation figures: NAME, NAME+lookup, lookup or none "
-        "(default: the model's catalog draft, plus lookup)",
-    )
-    p.add_argument("--device", dest="bench_device", choices=["npu", "cpu", "auto"])
-    p.add_argument("--suite", choices=sorted(SUITES), default="quick", help="default: quick")
-    p.add_argument("--threads", dest="bench_threads", type=int, help="default: from settings")
-    p.add_argument("--json", dest="bench_json", type=Path, metavar="FILE", help="write the report")
-    p.add_argument(
-        "--llama-bench",
-        dest="llama_bench",
-        metavar="PATH",
-        help="llama.cpp's llama-bench binary: run it on the same GGUF and print ratios",
-    )
-
-
 def cmd_bench(ctx: AppContext, args: argparse.Namespace, console: Console) -> int:
     model = args.bench_model or ctx.settings.model
-    device = resolve_device(args.bench_device or ctx.settings.device)
+    device = pick_device(args.bench_device or ctx.settings.device)
     check_draft(args.bench_draft)
     threads = args.bench_threads or ctx.settings.threads or None
     if threads is not None and threads < 1:

@@ -14,7 +14,10 @@ from typing import NoReturn
 
 from rich.console import Console
 
+from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
+
+from .cli_args import add_bench_arguments, add_doctor_arguments, add_run_arguments
 
 EXIT_USAGE = 2
 
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"npuchat {package_version()}")
     parser.add_argument("--model", help="model to chat with (see `npuchat models`)")
     parser.add_argument("--draft", help="draft model for speculative decoding: NAME, none, lookup")
-    parser.add_argument("--device", choices=["npu", "cpu", "auto"], help="where the model runs")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, help="where the model runs")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("paths", help="show where npuchat keeps config, data, cache and models")
@@ -74,17 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--special", action="store_true", help="parse special tokens in the text")
     p.add_argument("text", help="text to tokenize, or - to read standard input")
 
-    from .run_command import add_run_arguments
-
     p = sub.add_parser("run", help="generate a reply to one prompt, streamed to stdout")
     add_run_arguments(p)
 
-    from .doctor_command import add_doctor_arguments
-
     p = sub.add_parser("doctor", help="list devices and versions; show where a model's graphs run")
     add_doctor_arguments(p)
-
-    from .bench_command import add_bench_arguments
 
     p = sub.add_parser("bench", help="measure speed, latency and memory (llama-bench style)")
     add_bench_arguments(p)

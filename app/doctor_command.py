@@ -5,14 +5,18 @@ onnxruntime / onnxruntime-qnn / QAIRT versions, whether the QNN HTP is hardware 
 simulator, and what `--device auto` picks. With `--model NAME --device npu` it compiles the
 model's NPU graphs (or loads them from the cache) exactly as a chat would, and reports each
 graph's placement: every node on the NPU, or which nodes fall back and QNN's reason. The exit
-code is 1 when a graph is not 100% on the NPU, so scripts can check a model.
+code is 1 when a graph is not 100% on the NPU, so scripts can check a model. With `--device cpu`
+it builds or loads the CPU graph and reports what ONNX Runtime loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
+from collections import Counter
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -26,14 +30,6 @@ from .context import AppContext
 from .engine_factory import VERIFY_K
 
 DEFAULT_PREFILL_CHUNK = 128  # Model.load's default chunk: the graphs a chat compiles
-
-
-def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", dest="doctor_model", help="also report this model's graph placement")
-    p.add_argument(
-        "--device", dest="doctor_device", choices=["npu", "cpu"], default="npu", help="(npu)"
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def machine_report(ctx: AppContext) -> dict[str, Any]:
@@ -78,7 +74,7 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
         cfg = g.config
     report: dict[str, Any] = {"model": name, "path": str(path), "arch": cfg.arch, "device": device}
     if device == "cpu":
-        report["graphs"] = [{"graph": "decoder", "placement": "CPU EP (all nodes)", "ok": True}]
+        report["graphs"] = [_cpu_graph(ctx, path)]
         report["ok"] = True
         return report
     if not devices.npu_status().available:
@@ -131,6 +127,35 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
     return report
 
 
+def _cpu_graph(ctx: AppContext, path: Path) -> dict[str, Any]:
+    """Build or load the model's CPU graph as a chat would, and count what ONNX Runtime loaded.
+
+    The CPU session has the CPU EP as its only provider, so a graph that loads runs every node
+    there; what is worth reporting is that it loads, and what it holds.
+    """
+    import onnx
+
+    from npuchat.engine.model import Model
+
+    t0 = time.perf_counter()
+    model = Model.load(
+        path, cache_dir=ctx.paths.cache_dir, device="cpu", threads=ctx.settings.threads or None
+    )
+    try:
+        seconds = time.perf_counter() - t0
+        graph = onnx.load(str(model.graph_dir / "decoder.onnx"), load_external_data=False).graph
+    finally:
+        model.close()
+    ops = Counter(node.op_type for node in graph.node)
+    return {
+        "graph": "decoder",
+        "nodes": len(graph.node),
+        "ops": dict(ops.most_common()),
+        "load_s": round(seconds, 2),
+        "ok": True,
+    }
+
+
 def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | None) -> None:
     for key, value in machine["versions"].items():
         console.print(f"[bold]{key:16}[/] {value}", highlight=False)
@@ -156,7 +181,13 @@ def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | No
         highlight=False,
     )
     if model["device"] == "cpu":
-        console.print("  decoder: all nodes on the CPU EP")
+        g = model["graphs"][0]
+        top = ", ".join(f"{op} {n}" for op, n in list(g["ops"].items())[:6])
+        console.print(
+            f"  {g['graph']}: {g['nodes']} nodes ({top}, ...) loaded on the CPU EP in "
+            f"{g['load_s']:.2f} s",
+            highlight=False,
+        )
         return
     table = Table(title_justify="left")
     for col in ("graph", "S", "C", "nodes", "on NPU", "placement"):

@@ -6,25 +6,16 @@ names, devices and drafts the same way.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from npuchat.engine import devices
-from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
+from npuchat.engine.draft_models import load_draft_model
+from npuchat.engine.drafters import Drafter, LookupDrafter
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.gguf_reader import GGUFFile
-from npuchat.engine.model import Model, default_capacities
+from npuchat.engine.model import Model
 from npuchat.engine.pull import PullProgress, pull
 from npuchat.engine.session import ChatSession, SessionOptions
 
 from .context import AppContext
 from .engine_port import EngineLoader, EngineSpec, ProgressCallback
-
-
-def resolve_device(requested: str) -> str:
-    """`npu`, `cpu` or `auto` → where the model runs (`auto`: the NPU only on real hardware;
-    the x86 HTP simulator is far slower than the CPU). See `devices.resolve_device`."""
-    return devices.resolve_device(requested)[0]
-
 
 LOOKUP = "lookup"
 KEEP_WARM_S = 20.0  # idle seconds between keep-warm ticks (see SessionOptions.keep_warm_s)
@@ -58,24 +49,10 @@ def check_draft(draft: str) -> None:
     parse_draft(draft)
 
 
-def _check_vocab(target: Path, target_name: str, draft: Path, draft_name: str) -> None:
-    """A draft must spell every token id the way the target does, or its guesses mean nothing."""
-    with GGUFFile(target) as t, GGUFFile(draft) as d:
-        same = t.config.vocab_size == d.config.vocab_size and t.metadata.get(
-            "tokenizer.ggml.tokens"
-        ) == d.metadata.get("tokenizer.ggml.tokens")
-    if not same:
-        raise NpuchatError(
-            f"--draft {draft_name}: its vocabulary differs from {target_name}'s, so it cannot "
-            "draft for it; pick a draft of the same family, or use --draft lookup or --draft none"
-        )
-
-
 def load_drafters(
     ctx: AppContext,
     model_name: str,
     target: Model,
-    target_path: Path,
     draft: str,
     report: ProgressCallback,
     pull_progress: PullProgress | None = None,
@@ -97,23 +74,20 @@ def load_drafters(
             ) from None
     else:
         return drafters
-    _check_vocab(target_path, model_name, path, name)
     report(f"loading draft {name}", 0.0)
-    with GGUFFile(path) as g:
-        ctx_len = min(g.config.context_length, target.max_capacity)
     # heterogeneous split: the draft may run elsewhere (`draft_device`); the loop stays on the host
-    draft_device = resolve_device(ctx.settings.draft_device) if ctx.settings.draft_device else None
-    dm = Model.load(
+    draft_device = ctx.settings.draft_device
+    drafter = load_draft_model(
         path,
+        name,
+        target,
         cache_dir=ctx.paths.cache_dir,
-        device=draft_device or target.device,
+        target_name=model_name,
+        device=devices.pick_device(draft_device) if draft_device else None,
         threads=ctx.settings.threads or None,
-        capacities=default_capacities(ctx_len),
-        progress=report,
         npu_options=devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch),
+        progress=report,
     )
-    drafter = ModelDrafter(dm, name)
-    drafter.calibrate(list(range(16, 32)))
     drafters.append(drafter)
     return drafters
 
@@ -146,7 +120,7 @@ def open_engine(
 ) -> ChatSession:
     report = progress or (lambda stage, fraction: None)
     check_draft(spec.draft)
-    device = resolve_device(spec.device)
+    device = devices.pick_device(spec.device)
     path, _ = pull(ctx.catalog, spec.model, progress=pull_progress or _FractionPull(report))
     threads = ctx.settings.threads or None
     session = ChatSession.open(
@@ -161,9 +135,7 @@ def open_engine(
         options=SessionOptions(keep_warm_s=KEEP_WARM_S),
     )
     try:
-        drafters = load_drafters(
-            ctx, spec.model, session.model, path, spec.draft, report, pull_progress
-        )
+        drafters = load_drafters(ctx, spec.model, session.model, spec.draft, report, pull_progress)
     except BaseException:
         session.close()
         raise

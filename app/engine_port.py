@@ -18,7 +18,8 @@ ProgressCallback = Callable[[str, float], None]
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What to load. `draft` follows the CLI: "" = catalog default, "none", "lookup", a name."""
+    """What to load. `draft` follows `--draft`: "default" = the catalog's draft plus lookup,
+    "lookup", a name, NAME+lookup; "" or "none" = plain decoding (`parse_draft`)."""
 
     model: str
     draft: str

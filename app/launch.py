@@ -11,8 +11,10 @@ from dataclasses import replace
 
 from rich.console import Console
 
+from npuchat.engine.devices import pick_device
+
 from .context import AppContext
-from .engine_factory import check_draft, make_loader, resolve_device
+from .engine_factory import check_draft, make_loader
 
 
 def launch_app(args: argparse.Namespace, console: Console) -> int:
@@ -28,7 +30,7 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
     )
     ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
     check_draft(settings.draft)
-    resolve_device(settings.device)
+    pick_device(settings.device)
     store = ConversationStore.open(ctx.paths.database_file)
     try:
         return run_app(settings, store, make_loader(ctx), config_path=ctx.paths.config_file)

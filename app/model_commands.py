@@ -10,8 +10,9 @@ from typing import cast
 from rich.console import Console
 from rich.table import Table
 
-from npuchat.engine.catalog import CatalogEntry, check_name, describe_gguf, sha256_file
+from npuchat.engine.catalog import CatalogEntry, check_name, describe_gguf
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.hashing import sha256_file
 from npuchat.engine.pull import pull
 
 from .context import AppContext

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -56,32 +55,6 @@ METRIC_FIELDS = (
     "kv_used",
     "kv_capacity",
 )
-
-
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", dest="run_model", help="model name (default: from settings)")
-    p.add_argument("--prompt", "-p", help="the prompt (default: read standard input)")
-    p.add_argument("--system", help="system prompt")
-    p.add_argument("--system-file", type=Path, help="read the system prompt from a file")
-    p.add_argument("--raw", action="store_true", help="no chat template; special tokens parsed")
-    p.add_argument("--max-tokens", "-n", type=int, default=512)
-    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")
-    p.add_argument("--verbose", "-v", action="store_true", help="print metrics to stderr")
-    p.add_argument("--conversation", help="continue a saved conversation (ID, or 'new')")
-    p.add_argument(
-        "--draft",
-        dest="run_draft",
-        help="speculative drafts: lookup, NAME, NAME+lookup, default (the catalog draft plus "
-        "lookup) or none; every mode gives the same tokens (default: from settings, lookup)",
-    )
-    p.add_argument("--device", dest="run_device", choices=["npu", "cpu", "auto"])
 
 
 def metrics_dict(m: Metrics) -> dict[str, object]:

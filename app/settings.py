@@ -12,14 +12,13 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import tomli_w
 
+from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
 
-Device = Literal["auto", "cpu", "npu"]
-DEVICES: tuple[str, ...] = ("auto", "cpu", "npu")
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
 
@@ -48,9 +47,9 @@ class Settings:
     def validate(self, source: str) -> None:
         for name in ("device", "draft_device"):
             value = getattr(self, name)
-            if value and value not in DEVICES:
+            if value and value not in DEVICE_CHOICES:
                 raise NpuchatError(
-                    f"{source}: {name} = {value!r} is not one of {', '.join(DEVICES)}"
+                    f"{source}: {name} = {value!r} is not one of {', '.join(DEVICE_CHOICES)}"
                 )
         if self.threads < 0:
             raise NpuchatError(f"{source}: threads must be 0 (auto) or a positive number")

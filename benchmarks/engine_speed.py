@@ -1,4 +1,4 @@
-"""Engine speed on real GGUF files: load cold vs cached, prefill, decode, peak RSS (issue 3).
+"""Engine speed on real GGUF files: load cold vs cached, prefill, decode, peak RSS.
 
     python benchmarks/engine_speed.py MODEL [MODEL ...] [--threads 2] [--llama-bench PATH]
 
@@ -53,13 +53,9 @@ def _resolve(model: str) -> Path:
     sys.exit(f"no GGUF at {model} and no installed model of that name ({candidate})")
 
 
-def _tokens(vocab: int, n: int, seed: int) -> list[int]:
-    # Ordinary-looking ids away from the special tokens at either end of the vocabulary.
-    return [int(t) for t in np.random.default_rng(seed).integers(256, min(vocab, 30000), n)]
-
-
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One phase in this process; returns its figures."""
+    from npuchat.engine.bench_timers import token_ids
     from npuchat.engine.model import Model
 
     t0 = time.perf_counter()
@@ -72,7 +68,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return out
     vocab = model.config.vocab_size
 
-    prompt = _tokens(vocab, 512, 1)
+    prompt = token_ids(vocab, 512, 1)
     model.prefill(prompt[:16])  # warm-up (first-run allocations), then from an empty cache
     model.rollback(0)
     t = time.perf_counter()
@@ -94,7 +90,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     session.run_with_iobinding = timed_run  # type: ignore[method-assign]
     for ctx in (128, 1024):
         if model.n_past < ctx:
-            model.prefill(_tokens(vocab, ctx - model.n_past, 2))
+            model.prefill(token_ids(vocab, ctx - model.n_past, 2))
         model.rollback(ctx)
         model.decode(prompt[0])  # warm-up at this capacity
         model.rollback(ctx)
@@ -250,21 +246,17 @@ def _phase(model: Path, phase: str, cache: Path, args: argparse.Namespace) -> di
 
 
 def _llama_bench(binary: str, model: Path, threads: int) -> dict[str, float]:
-    res = subprocess.run(
-        [binary, "-m", str(model), "-t", str(threads), "-p", "512", "-n", "128", "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if res.returncode:
-        print(f"llama-bench failed: {res.stderr[-500:]}", file=sys.stderr)
-        return {}
+    """llama.cpp's pp512 and tg128 on the same file and threads (what `npuchat bench` runs)."""
+    from npuchat.engine.llama_bench import run_llama_bench
+
+    figures = run_llama_bench(binary, model, threads, [512], 128, [], 5)
+    for note in figures.notes:
+        print(f"llama-bench: {note}", file=sys.stderr)
     out = {}
-    for row in json.loads(res.stdout):
-        if row.get("n_prompt") == 512 and not row.get("n_gen"):
-            out["pp512"] = float(row["avg_ts"])
-        if row.get("n_gen") == 128 and not row.get("n_prompt"):
-            out["tg128"] = float(row["avg_ts"])
+    if "512" in figures.prefill:
+        out["pp512"] = figures.prefill["512"].tps
+    if "0" in figures.decode:
+        out["tg128"] = figures.decode["0"].tps
     return out
 
 

@@ -1,4 +1,4 @@
-"""Prefix reuse benchmark (issue 5): TTFT with a ~1,000-token system prompt, measured side by side.
+"""Prefix reuse benchmark: TTFT with a ~1,000-token system prompt, measured side by side.
 
     python benchmarks/prefix_reuse.py [--model qwen2.5-coder-0.5b] [--idle 60]
 

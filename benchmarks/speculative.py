@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from npuchat.engine.bench_suites import PROMPTS
-from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
+from npuchat.engine.draft_models import load_draft_model
+from npuchat.engine.drafters import Drafter, LookupDrafter
 from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
-from npuchat.engine.model import Model
 from npuchat.engine.session import ChatSession, SessionOptions
 from npuchat.engine.speculative import SpeculativeDecoder
 
@@ -97,18 +97,11 @@ def main() -> None:
         options=opts,
         verify_k=8,
     )
-    draft_model = None
-    if any(m in ("draft", "both") for m in modes):
-        draft_model = Model.load(
-            _resolve(args.draft),
-            cache_dir=cache,
-            threads=args.threads,
-            capacities=[session.model.max_capacity],
-        )
     model_drafter = None
-    if draft_model is not None:  # one drafter object: it knows what its cache holds
-        model_drafter = ModelDrafter(draft_model, args.draft)
-        model_drafter.calibrate(list(range(16, 32)))
+    if any(m in ("draft", "both") for m in modes):  # one drafter: it knows what its cache holds
+        model_drafter = load_draft_model(
+            _resolve(args.draft), args.draft, session.model, cache_dir=cache, threads=args.threads
+        )
     decoders: dict[str, SpeculativeDecoder | None] = {}
     for mode in modes:
         drafters: list[Drafter] = []
@@ -117,10 +110,7 @@ def main() -> None:
         if mode in ("draft", "both"):
             assert model_drafter is not None
             drafters.append(model_drafter)
-        decoders[mode] = None
-        if drafters:
-            decoders[mode] = SpeculativeDecoder(session.model, drafters)
-            decoders[mode].calibrate()
+        decoders[mode] = session.make_decoder(drafters) if drafters else None
 
     print(f"{args.model} (draft {args.draft}), {args.threads} threads, {args.tokens} tokens")
     header = (
@@ -132,12 +122,12 @@ def main() -> None:
         reference: list[int] | None = None
         base_tps = 0.0
         for mode in modes:
-            session.speculative = decoders[mode]
             runs = []
-            for _ in range(args.repeat):
-                session._tokens = []  # every run prefills the prompt itself (same start state)
-                session.model.rollback(0)
-                runs.append(_run(session, PROMPTS[pname], args.tokens))
+            with session.decoding_with(decoders[mode]):
+                for _ in range(args.repeat):
+                    session._tokens = []  # every run prefills the prompt itself (same start)
+                    session.model.rollback(0)
+                    runs.append(_run(session, PROMPTS[pname], args.tokens))
             ids, r = max(runs, key=lambda run: run[1]["tps"])
             if reference is None:
                 reference, base_tps = ids, r["tps"]

@@ -8,11 +8,10 @@ there with the recorded size and modification time; anything else is reported, n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,7 +22,6 @@ from .gguf_reader import GGUFFile
 from .paths import Paths
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_HASH_CHUNK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -82,16 +80,6 @@ class Manifest:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(self.__dict__, indent=2))
         os.replace(tmp, path)
-
-
-def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-            if progress:
-                progress(len(chunk))
-    return h.hexdigest()
 
 
 def _entry_from_table(

@@ -1,4 +1,5 @@
-"""Which devices exist here: the CPU always, the Qualcomm NPU through the QNN plugin EP.
+"""Device selection: the names a user may ask for, which devices exist here (the CPU always,
+the Qualcomm NPU through the QNN plugin EP), and which one `auto` means.
 
 `onnxruntime-qnn` is a *plugin* execution provider: its library is registered with
 `onnxruntime.register_execution_provider_library` and then shows up in `get_ep_devices()`, one
@@ -9,6 +10,9 @@ On a Snapdragon laptop the QNN EP reports an NPU hardware device (the Hexagon HT
 wheel reports the host CPU instead: there its HTP backend is a *simulator* — exact, but ~50–100×
 slower than the CPU EP. That is why `auto` picks the NPU only where it is real hardware, while an
 explicit `npu` still runs on the simulator (tests, and proving placement and numerics).
+
+ONNX Runtime is imported when a device is first probed, not with this module, so the command
+line can offer `DEVICE_CHOICES` without loading it.
 """
 
 from __future__ import annotations
@@ -18,14 +22,18 @@ import platform
 import threading
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
-
-import onnxruntime as ort  # type: ignore[import-untyped]
+from typing import TYPE_CHECKING, Any
 
 from .errors import NpuchatError
 
+if TYPE_CHECKING:
+    from types import ModuleType
+
 QNN_EP = "QNNExecutionProvider"
-DEVICE_NAMES = ("cpu", "npu")
+DEVICES = ("cpu", "npu")
+"""Where a model runs."""
+DEVICE_CHOICES = ("auto", *DEVICES)
+"""What a user may ask for (`--device`, `device` and `draft_device` in config.toml)."""
 DEFAULT_SOC_MODEL = 60  # the simulator's default target: Snapdragon 8 Gen 3 class
 DEFAULT_HTP_ARCH = 73  # Hexagon v73
 
@@ -95,8 +103,14 @@ def _package_version(name: str) -> str:
         return ""
 
 
+def _ort() -> ModuleType:
+    import onnxruntime  # type: ignore[import-untyped]
+
+    return onnxruntime
+
+
 def onnxruntime_version() -> str:
-    return str(ort.__version__)
+    return str(_ort().__version__)
 
 
 @functools.cache
@@ -116,10 +130,10 @@ def _register_qnn() -> str:
         import onnxruntime_qnn
     except ImportError:
         return "onnxruntime-qnn is not installed (pip install onnxruntime-qnn)"
-    if any(d.ep_name == QNN_EP for d in ort.get_ep_devices()):
+    if any(d.ep_name == QNN_EP for d in _ort().get_ep_devices()):
         return ""  # someone in this process registered it already
     try:
-        ort.register_execution_provider_library(QNN_EP, onnxruntime_qnn.get_library_path())
+        _ort().register_execution_provider_library(QNN_EP, onnxruntime_qnn.get_library_path())
     except Exception as exc:  # the library failed to load: missing or foreign binaries
         return f"the QNN plugin library did not load ({str(exc).splitlines()[0][:160]})"
     return ""
@@ -130,7 +144,7 @@ def qnn_ep_devices() -> list[Any]:
     with _lock:
         if _register_qnn():
             return []
-        return [d for d in ort.get_ep_devices() if d.ep_name == QNN_EP]
+        return [d for d in _ort().get_ep_devices() if d.ep_name == QNN_EP]
 
 
 def list_ep_devices() -> list[EpDeviceInfo]:
@@ -143,12 +157,12 @@ def list_ep_devices() -> list[EpDeviceInfo]:
             d.device.type.name,
             d.device.vendor,
         )
-        for d in ort.get_ep_devices()
+        for d in _ort().get_ep_devices()
     ]
 
 
 def _is_npu(dev: Any) -> bool:
-    return bool(dev.device.type == ort.OrtHardwareDeviceType.NPU)
+    return bool(dev.device.type == _ort().OrtHardwareDeviceType.NPU)
 
 
 def npu_status() -> NpuStatus:
@@ -180,6 +194,11 @@ def htp_device() -> Any:
     return (npus or devices)[0]
 
 
+def pick_device(requested: str) -> str:
+    """`cpu` or `npu` for `npu`, `cpu` or `auto`/"" (see `resolve_device`)."""
+    return resolve_device(requested)[0]
+
+
 def resolve_device(requested: str) -> tuple[str, str]:
     """(`cpu` or `npu`, a one-line note saying why) for `npu`, `cpu` or `auto`/"".
 
@@ -200,4 +219,4 @@ def resolve_device(requested: str) -> tuple[str, str]:
             return "npu", f"npu: {status.kind} (auto)"
         why = "only the x86 HTP simulator, slower than the CPU" if status.available else "no NPU"
         return "cpu", f"cpu (auto: {why})"
-    raise NpuchatError(f"unknown device {requested!r}; use npu, cpu or auto")
+    raise NpuchatError(f"unknown device {requested!r}; use one of {', '.join(DEVICE_CHOICES)}")

@@ -150,7 +150,7 @@ class ModelDrafter(Drafter):
         logits = self.model.prefill(rest)
         dt = time.perf_counter() - t0
         if len(rest) >= 8:  # long enough to say what a token of catch-up costs
-            self.stats.prefill_token_s = _ema(self.stats.prefill_token_s, dt / len(rest))
+            self.stats.prefill_token_s = ema(self.stats.prefill_token_s, dt / len(rest))
         self._tokens.extend(rest)
         return logits
 
@@ -186,7 +186,7 @@ class ModelDrafter(Drafter):
                 self._tokens.append(tok)
         t2 = time.perf_counter()
         if k > 1:
-            self.stats.step_s = _ema(self.stats.step_s, (t2 - t1) / (k - 1))
+            self.stats.step_s = ema(self.stats.step_s, (t2 - t1) / (k - 1))
         return Draft(tokens, qs, sync_s=t1 - t0, step_s=t2 - t1, steps=k - 1)
 
     def calibrate(self, probe: Sequence[int]) -> None:
@@ -208,5 +208,6 @@ class ModelDrafter(Drafter):
         self.model.close()
 
 
-def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
+def ema(old: float | None, new: float, weight: float = 0.2) -> float:
+    """Exponential moving average (`old` None: the first sample); step costs drift slowly."""
     return new if old is None else (1 - weight) * old + weight * new

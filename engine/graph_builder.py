@@ -80,6 +80,17 @@ class GraphSpec:
     kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
     row_padding: bool = False  # a `pad_rows` input (`_RowPad`): exact one-row decode steps
 
+    @classmethod
+    def cpu(cls, accuracy_level: int) -> GraphSpec:
+        """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
+        cache, row padding for exact one-row decode steps."""
+        return cls(None, None, None, accuracy_level, kv_inplace=True, row_padding=True)
+
+    @classmethod
+    def static(cls, seq_len: int, capacity: int, logit_rows: int, accuracy_level: int) -> GraphSpec:
+        """A fixed-shape graph for the NPU, with norms the HTP accepts (no fused ones)."""
+        return cls(seq_len, capacity, logit_rows, accuracy_level, fused_norms=False)
+
     def key(self) -> dict[str, Any]:
         return asdict(self)
 

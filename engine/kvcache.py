@@ -2,7 +2,7 @@
 
 Graphs never see a growing tensor: they read the whole `[1, Hkv, C, dh]` buffers and an additive
 mask that hides the slots at and beyond `n`. Static (NPU) graphs return only the new rows, which
-the host writes at slot `n` (DESIGN §3); the CPU graph scatters them into the buffers itself.
+the host writes at slot `n`; the CPU graph scatters them into the buffers itself.
 Rolling back (rejected draft tokens, an edited message) is moving `n`; nothing is recomputed.
 Capacity variants keep attention cost proportional to what is used: the cache lives in the
 smallest listed capacity that fits and moves up with one copy.

@@ -23,7 +23,7 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
   copy of it (`graph_builder._RowPad`); every other op runs on the one row (`exact_decode`).
   Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
   gave qwen2.5-coder-0.5b (mostly 8-bit) 6–13% more decode speed, and SmolLM2 and the 1.5B
-  (mostly 4-bit) the same speed within noise (`/tmp` A/B runs, alternating). A draft model's own
+  (mostly 4-bit) the same speed within noise (A/B runs, alternating). A draft model's own
   decode need not match its verify rows, so drafters turn padding off.
 """
 
@@ -175,10 +175,7 @@ class Model:
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            spec = GraphSpec(
-                None, None, None, accuracy_level, True, kv_inplace=True, row_padding=True
-            )
-            specs = {"decoder": spec}
+            specs = {"decoder": GraphSpec.cpu(accuracy_level)}
             key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()

@@ -6,7 +6,7 @@ capacity C: `prefill` (S = P, logits of the last row), `decode` (S = 1) and `ver
 unfused norms (the HTP rejects `SkipSimplifiedLayerNormalization`), then passed through
 `adapt_for_htp`, and compiled by the QNN EP into an EPContext model `<name>_ctx.onnx` plus its
 context binary `<name>_ctx_qnn.bin` (`ep.context_enable=1`, embed mode 0). One context per graph:
-a shared multi-graph context binary crashes the x86 simulator on load (DESIGN §5).
+a shared multi-graph context binary (`ep.share_ep_contexts`) crashes the x86 simulator on load.
 
 Compiling is done with `session.disable_cpu_ep_fallback=1`: an op the HTP cannot run fails the
 compile, and the error names the nodes and QNN's reason (`diagnose`), never a silent CPU
@@ -54,11 +54,11 @@ def npu_specs(
     prefill_chunk: int, verify_k: int, capacity: int, accuracy_level: int = 4
 ) -> dict[str, GraphSpec]:
     """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out."""
-    specs = {"decode": GraphSpec(1, capacity, 1, accuracy_level, fused_norms=False)}
+    specs = {"decode": GraphSpec.static(1, capacity, 1, accuracy_level)}
     if prefill_chunk > 1:
-        specs["prefill"] = GraphSpec(prefill_chunk, capacity, 1, accuracy_level, False)
+        specs["prefill"] = GraphSpec.static(prefill_chunk, capacity, 1, accuracy_level)
     if verify_k > 0:
-        specs["verify"] = GraphSpec(verify_k + 1, capacity, verify_k + 1, accuracy_level, False)
+        specs["verify"] = GraphSpec.static(verify_k + 1, capacity, verify_k + 1, accuracy_level)
     return specs
 
 

@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from .catalog import Catalog, CatalogEntry, Manifest, sha256_file
+from .catalog import Catalog, CatalogEntry, Manifest
 from .errors import IntegrityError, NpuchatError
 from .gguf_reader import GGUFFile
+from .hashing import sha256_file
 
 _COPY_CHUNK = 8 << 20
 

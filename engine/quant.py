@@ -2,16 +2,17 @@
 
 `MatMulNBits` (com.microsoft) computes `y = x @ Wᵀ` with `W[n, k] = scale[n, b] · (q[n, k] − zp)`
 per block `b` of 32 along K. Its fast int8-activation kernels (`accuracy_level=4`) need integer
-zero points or none: float zero points are exact but ~100× slower (measured, DESIGN §5). So every
+zero points or none: float zero points are exact but ~100× slower (measured on ORT 1.32). So every
 GGUF type is mapped, exactly, to `w = scale · (q − 2^(bits−1)) + offset` with the default
 (midpoint) zero point and no zero-point input:
 
 * symmetric types have no offset: Q4_0, Q8_0 directly, Q5_0 as 8-bit (5-bit values fit int8);
 * asymmetric types (`w = d·q + m`: Q4_1, Q4_K as 4-bit, Q5_1, Q5_K as 8-bit) are re-centred,
   `w = d·(q − mid) + (m + mid·d)`, and the graph adds the per-block offsets as
-  `(per-block sums of x) @ offsetsᵀ` (ReduceSum + a small MatMul). Re-centring rather than zero
-  point 0 keeps the int8-quantized activations multiplied by values of |w|'s size instead of
-  `d·q`'s, which halves the activation-rounding error (measured on the synthetic models).
+  `(per-block sums of x) @ offsetsᵀ` (ReduceSum, then a Gemm that adds the matmul's output).
+  Re-centring rather than zero point 0 keeps the int8-quantized activations multiplied by
+  values of |w|'s size instead of `d·q`'s, which halves the activation-rounding error
+  (measured on the synthetic models).
 
 Q6_K has 16-element sub-blocks with separate scales, which block-32 `MatMulNBits` cannot express
 exactly; it is requantized to symmetric 8-bit blocks of 32 (error ≤ max|w|/254 per block, well

@@ -8,8 +8,9 @@ mid-write, a truncated copy, bit rot), is rebuilt, never loaded. The key covers 
 changes the bytes: the model's sha256, the graph specs, the builder version, the onnxruntime
 version and the device options.
 
-Provider selection lives in `session_options_for`/`providers_for` only, so adding a device (the
-QNN NPU) touches this module and nothing above it.
+CPU sessions are made here (`create_session`); the NPU's are compiled and loaded by
+`npu_compile`, since the QNN plugin EP is selected by device rather than by provider name. Which
+device runs a model is decided in `devices`.
 """
 
 from __future__ import annotations
@@ -26,21 +27,13 @@ from typing import Any, TypeVar
 
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from .devices import DEVICES, QNN_EP
 from .errors import NpuchatError
 from .graph_builder import BUILDER_VERSION
+from .hashing import sha256_file
 
 T = TypeVar("T")
 MANIFEST = "manifest.json"
-DEVICES = ("cpu", "npu")
-_HASH_CHUNK = 8 << 20
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def model_sha256(path: Path, cache_dir: Path) -> str:
@@ -59,7 +52,7 @@ def model_sha256(path: Path, cache_dir: Path) -> str:
             return str(saved["sha256"])
     except (OSError, ValueError):
         pass
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     sidecar.parent.mkdir(parents=True, exist_ok=True)
     tmp = sidecar.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({**stamp, "sha256": digest}))
@@ -107,7 +100,7 @@ class GraphCache:
             files = manifest["files"]
             for name, rec in files.items():
                 path = folder / name
-                if path.stat().st_size != rec["size"] or file_sha256(path) != rec["sha256"]:
+                if path.stat().st_size != rec["size"] or sha256_file(path) != rec["sha256"]:
                     return False
         except (OSError, ValueError, KeyError, TypeError):
             return False
@@ -125,7 +118,7 @@ class GraphCache:
         try:
             build(tmp)
             files = {
-                p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+                p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
                 for p in sorted(tmp.iterdir())
                 if p.is_file()
             }
@@ -216,11 +209,11 @@ class GraphCache:
 
 
 def providers_for(device: str) -> list[str]:
-    """The execution providers for a device name; the one place a new device is added."""
+    """The execution providers for a device name (an unknown name is an error here)."""
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if device == "npu":  # a plugin EP: its sessions select its device (npu_compile)
-        return ["QNNExecutionProvider"]
+        return [QNN_EP]
     raise NpuchatError(f"unknown device {device!r}; use one of: {', '.join(DEVICES)}")
 
 

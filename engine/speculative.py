@@ -35,7 +35,7 @@ from functools import partial
 
 import numpy as np
 
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, ema
 from .model import Model
 from .sampler import Sampler, apply_repeat_penalty, distribution, draw, is_greedy
 
@@ -114,7 +114,7 @@ class CostModel:
     def record_draft(
         self, name: str, sync_s: float, outcomes: Sequence[bool], prior: float = 0.7
     ) -> None:
-        self.sync_s[name] = _ema(self.sync_s.get(name), sync_s)
+        self.sync_s[name] = ema(self.sync_s.get(name), sync_s)
         a = self.alpha.get(name, prior)
         for ok in outcomes:
             a = 0.8 * a + 0.2 * float(ok)
@@ -356,10 +356,6 @@ class SpeculativeDecoder:
             return i, draw(residual(p, q, x), rng), outcomes
         p = distribution(rows[len(d.tokens)], params, hist)
         return len(d.tokens), draw(p, rng), outcomes
-
-
-def _ema(old: float | None, new: float, weight: float = 0.2) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 class _Recent:

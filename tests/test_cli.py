@@ -83,3 +83,20 @@ def test_bad_config_is_one_line_error(
     cfg.write_text("model = [\n")
     assert main(["models"]) == 2
     assert "is not valid TOML" in capsys.readouterr().err
+
+
+def test_doctor_on_the_cpu_loads_the_graph(
+    synthetic_gguf, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`doctor --device cpu` reports the graph ONNX Runtime actually loaded, not a claim."""
+    path = synthetic_gguf("llama", "q4_0", context_length=256)
+    assert main(["import", str(path), "--name", "syn-cpu"]) == 0
+    capsys.readouterr()
+    assert main(["doctor", "--model", "syn-cpu", "--device", "cpu", "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    (graph,) = model["graphs"]
+    assert model["ok"] and graph["graph"] == "decoder"
+    assert graph["ops"]["MatMulNBits"] >= 7  # the 4-bit projections stay 4-bit
+    assert graph["nodes"] == sum(graph["ops"].values()) > 50
+    assert main(["doctor", "--model", "syn-cpu", "--device", "cpu"]) == 0
+    assert "loaded on the CPU EP" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 
 Synthetic files are written here with known hyperparameters, so every ModelConfig field is
 checked against what was written; the tensor directory and bytes are checked against gguf-py's
-own (slow, independent) `GGUFReader`. The real models' configs are checked against DESIGN.md §4.
+own (slow, independent) `GGUFReader`. The real models' configs are checked against their
+published shapes.
 """
 
 from __future__ import annotations

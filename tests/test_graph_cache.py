@@ -92,13 +92,13 @@ def test_model_hash_sidecar_skips_rehashing(
     gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[Path] = []
-    real = runtime.file_sha256
+    real = runtime.sha256_file
 
     def counting(path: Path) -> str:
         calls.append(Path(path))
         return real(path)
 
-    monkeypatch.setattr(runtime, "file_sha256", counting)
+    monkeypatch.setattr(runtime, "sha256_file", counting)
     digest = runtime.model_sha256(gguf, tmp_path)
     assert digest == real(gguf) and calls == [gguf.resolve()]
     assert runtime.model_sha256(gguf, tmp_path) == digest

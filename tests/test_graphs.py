@@ -1,6 +1,6 @@
 """Engine graphs vs the independent numpy forward pass, on synthetic models of every arch and type.
 
-One scripted run per model walks the cache through every regime the issue names: a prefill
+One scripted run per model walks the cache through every regime a chat meets: a prefill
 shorter than the chunk P, decode, verify, a rollback, a prefill of exactly P, a chunked prefill
 longer than P that also moves the cache to the next capacity, and decode up to the last slot of
 the largest capacity. Every logits row is compared with `ReferenceModel` on the same tokens

@@ -190,7 +190,7 @@ def test_engine_graphs_match_reference_after_rope_permutation(
 # Both engines are the same distance from exact math, so they disagree with each other by up to
 # ~1 on this small, rounding-sensitive model: at steps where llama.cpp's top-1/top-2 gap is at
 # least 0.15, exact math picks a different token once in 91 steps, our int8 path three times
-# (gaps 0.22, 0.30, 0.99). The issue's "greedy equal until the first gap < 0.1, top-5 within
+# (gaps 0.22, 0.30, 0.99). A bound like "greedy equal until the first gap < 0.1, top-5 within
 # 0.15" therefore cannot hold for smollm2 even for exact math; what is asserted is agreement on
 # ≥ 93% of those steps and the measured log-prob distances with some room. Qwen2.5-Coder-0.5B is
 # better conditioned: every step with a gap ≥ 0.15 must agree (exact math ranks one token 0.126

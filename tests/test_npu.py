@@ -255,7 +255,7 @@ def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path)
     """With CPU fallback disabled an op the HTP rejects fails the compile, by name and reason,
     and leaves nothing in the cache; the doctor's explanation lists every such node.
 
-    The CPU graph's fused `SkipSimplifiedLayerNormalization` is such an op (DESIGN §5).
+    The CPU graph's fused `SkipSimplifiedLayerNormalization` is such an op (QNN rejects it).
     """
     path = synthetic_gguf("llama", "q8_0")
     specs = {"decode": GraphSpec(1, CAPACITY, 1, 0, fused_norms=True)}

@@ -414,7 +414,7 @@ class _Free(Drafter):
 
 
 def test_cost_model_turns_speculation_off_when_verify_is_not_cheaper() -> None:
-    # this CPU (llama.cpp's 1.5B batch costs, DESIGN §5): a (k+1)-verify is far from free
+    # measured verify costs of the 1.5B model on a 2-core CPU: a (k+1)-verify is far from free
     cpu = {2: 0.074, 3: 0.096, 5: 0.125, 9: 0.234}
     slow = _costs(0.063, cpu, 0.6, "free")
     slow.sync_s["free"] = 0.028  # the 0.5B draft: a step ~45% of a target step

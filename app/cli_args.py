@@ -1,0 +1,67 @@
+"""The arguments of the subcommands whose code loads the engine (`run`, `doctor`, `bench`).
+
+They live apart from those commands so that building the parser imports no ONNX Runtime:
+`npuchat --version`, `--help` and the catalog commands stay fast, and each command module is
+imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from npuchat.engine.bench_suites import SUITES
+from npuchat.engine.devices import DEVICE_CHOICES, DEVICES
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="run_model", help="model name (default: from settings)")
+    p.add_argument("--prompt", "-p", help="the prompt (default: read standard input)")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--system-file", type=Path, help="read the system prompt from a file")
+    p.add_argument("--raw", action="store_true", help="no chat template; special tokens parsed")
+    p.add_argument("--max-tokens", "-n", type=int, default=512)
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")
+    p.add_argument("--verbose", "-v", action="store_true", help="print metrics to stderr")
+    p.add_argument("--conversation", help="continue a saved conversation (ID, or 'new')")
+    p.add_argument(
+        "--draft",
+        dest="run_draft",
+        help="speculative drafts: lookup, NAME, NAME+lookup, default (the catalog draft plus "
+        "lookup) or none; every mode gives the same tokens (default: from settings, lookup)",
+    )
+    p.add_argument("--device", dest="run_device", choices=DEVICE_CHOICES)
+
+
+def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="doctor_model", help="also report this model's graph placement")
+    p.add_argument("--device", dest="doctor_device", choices=DEVICES, default="npu", help="(npu)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="bench_model", help="model name (default: from settings)")
+    p.add_argument(
+        "--draft",
+        dest="bench_draft",
+        default="default",
+        help="drafts for the speculation figures: NAME, NAME+lookup, lookup or none "
+        "(default: the model's catalog draft, plus lookup)",
+    )
+    p.add_argument("--device", dest="bench_device", choices=DEVICE_CHOICES)
+    p.add_argument("--suite", choices=sorted(SUITES), default="quick", help="default: quick")
+    p.add_argument("--threads", dest="bench_threads", type=int, help="default: from settings")
+    p.add_argument("--json", dest="bench_json", type=Path, metavar="FILE", help="write the report")
+    p.add_argument(
+        "--llama-bench",
+        dest="llama_bench",
+        metavar="PATH",
+        help="llama.cpp's llama-bench binary: run it on the same GGUF and print ratios",
+    )
