@@ -7,6 +7,7 @@ means a bug. Subcommands import what they need when they run, so `npuchat --vers
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -20,6 +21,7 @@ from npuchat.engine.errors import NpuchatError
 from .cli_args import add_bench_arguments, add_doctor_arguments, add_run_arguments
 
 EXIT_USAGE = 2
+EXIT_SIGPIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
 
 
 def package_version() -> str:
@@ -157,6 +159,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("npuchat: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of our output went away (`npuchat models --json | head`): stop quietly, as
+    CLIs killed by SIGPIPE do. stdout is pointed at /dev/null so the interpreter's final flush
+    does not fail a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_SIGPIPE
 
 
 if __name__ == "__main__":

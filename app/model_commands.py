@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import cast
 
+import tomlkit
 from rich.console import Console
 from rich.table import Table
 
@@ -17,7 +18,7 @@ from npuchat.engine.pull import pull
 
 from .context import AppContext
 from .progress import RichPullProgress
-from .settings import read_toml, write_toml
+from .settings import edit_toml
 
 
 def human_size(n: int) -> str:
@@ -166,9 +167,12 @@ def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -
         entry["params"] = builtin.params or info["params"]
         if builtin.default_draft:
             entry["default_draft"] = builtin.default_draft
-    config = read_toml(ctx.paths.config_file)
-    config.setdefault("models", {})[name] = entry
-    write_toml(ctx.paths.config_file, config)
+
+    def register(doc: tomlkit.TOMLDocument) -> None:
+        models = doc.setdefault("models", tomlkit.table(is_super_table=True))
+        models[name] = entry
+
+    edit_toml(ctx.paths.config_file, register)
     console.print(
         f"imported {name} ({info['arch']}, {info['params']}) from {path}", highlight=False
     )
@@ -178,9 +182,11 @@ def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -
 def cmd_rm(ctx: AppContext, name: str, console: Console) -> int:
     entry = ctx.catalog.get(name)
     if entry.path is not None:
-        config = read_toml(ctx.paths.config_file)
-        config.get("models", {}).pop(name, None)
-        write_toml(ctx.paths.config_file, config)
+
+        def unregister(doc: tomlkit.TOMLDocument) -> None:
+            doc.get("models", {}).pop(name, None)
+
+        edit_toml(ctx.paths.config_file, unregister)
         console.print(f"removed {name} from the catalog (your file {entry.path} was kept)")
         return 0
     file = ctx.catalog.file_path(entry)

@@ -1,20 +1,22 @@
 """Typed user settings from `config.toml`.
 
-The file is read with tomllib and written with tomli-w. Only known keys are interpreted; the
-`[models.*]` tables belong to the model catalog (`npuchat.engine.catalog`) and are kept as they
-are when settings are saved. A file that cannot be parsed is an error naming the file and line,
-never silently replaced.
+The file is read with tomllib and edited with tomlkit: a change rewrites only the key that
+changed and keeps the user's comments, order and formatting. Only known keys are interpreted;
+the `[models.*]` tables belong to the model catalog (`npuchat.engine.catalog`). A file that
+cannot be parsed is an error naming the file and line, never silently replaced.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import tomli_w
+import tomlkit
+import tomlkit.exceptions
 
 from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
@@ -66,12 +68,22 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise NpuchatError(f"{path} is not valid TOML ({exc}); fix or remove that line") from exc
 
 
-def write_toml(path: Path, data: dict[str, Any]) -> None:
-    """Write TOML atomically (temp file + rename) so a crash never leaves half a config."""
+def edit_toml(path: Path, edit: Callable[[tomlkit.TOMLDocument], None]) -> None:
+    """Apply `edit` to the file's TOML document and write it back atomically (temp file +
+    rename, so a crash never leaves half a config); comments and untouched keys stay as the
+    user wrote them. A missing file starts empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as exc:
+        raise NpuchatError(f"{path} is not valid TOML ({exc}); fix or remove that line") from exc
+    edit(doc)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        tomli_w.dump(data, f)
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -93,8 +105,21 @@ def load_settings(path: Path) -> Settings:
     return settings
 
 
-def save_settings(path: Path, settings: Settings) -> None:
-    """Write settings back, keeping every table this module does not own."""
-    data = read_toml(path)
-    data.update(asdict(settings))
-    write_toml(path, data)
+def set_setting(path: Path, name: str, value: object) -> None:
+    """Change one setting in `path`, leaving the rest of the file as it is.
+
+    The file is checked first (a broken or invalid one is refused, not overwritten), and the
+    value must fit the setting's type."""
+    current = load_settings(path)
+    if name not in {f.name for f in fields(Settings)}:
+        raise NpuchatError(f"unknown setting {name!r}")
+    default = getattr(Settings(), name)
+    if isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, type(default)):
+        raise NpuchatError(f"{name} should be a {type(default).__name__}, got {value!r}")
+    setattr(current, name, value)
+    current.validate(str(path))
+
+    def change(doc: tomlkit.TOMLDocument) -> None:
+        doc[name] = value
+
+    edit_toml(path, change)

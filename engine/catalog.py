@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -196,12 +196,6 @@ class Catalog:
                 f"model {name!r} is not installed; run `npuchat pull {name}`"
             )
         return self.file_path(entry)
-
-    def iter_installed(self) -> Iterable[tuple[CatalogEntry, Manifest]]:
-        for entry in self.entries.values():
-            manifest = self.installed(entry)
-            if manifest is not None:
-                yield entry, manifest
 
 
 def check_name(name: str) -> str:

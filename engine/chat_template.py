@@ -174,11 +174,6 @@ class ChatTemplate:
     def from_gguf(cls, g: GGUFFile) -> ChatTemplate:
         return cls.from_metadata(g.metadata, g.architecture)
 
-    @property
-    def uses_model_template(self) -> bool:
-        """Whether the last render (or, before any, the parse) used the model's own template."""
-        return self._template is not None and self.warning is None
-
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
         """The prompt text for `messages` (dicts with "role" and "content")."""
         if self._template is not None:

@@ -39,7 +39,6 @@ class Draft:
     q: list[np.ndarray] | None = None
     sync_s: float = 0.0  # time spent catching the drafter up with the sequence
     step_s: float = 0.0  # time spent producing the tokens
-    steps: int = 0  # drafter forward steps behind `step_s`
 
 
 @dataclass
@@ -187,7 +186,7 @@ class ModelDrafter(Drafter):
         t2 = time.perf_counter()
         if k > 1:
             self.stats.step_s = ema(self.stats.step_s, (t2 - t1) / (k - 1))
-        return Draft(tokens, qs, sync_s=t1 - t0, step_s=t2 - t1, steps=k - 1)
+        return Draft(tokens, qs, sync_s=t1 - t0, step_s=t2 - t1)
 
     def calibrate(self, probe: Sequence[int]) -> None:
         """Time a few steps on a scratch cache, so the cost model knows the draft before use."""

@@ -69,7 +69,6 @@ class PrefixStore:
         self.disk_dir = disk_dir / layout_key[:32] if disk_dir else None
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self.warnings: list[str] = []
-        self.hits = {"memory": 0, "disk": 0}
 
     # ------------------------------------------------------------------ memory
 
@@ -150,7 +149,6 @@ class PrefixStore:
         if key is None or n == 0:
             return None
         self._entries.move_to_end(key)
-        self.hits["memory"] += 1
         return PrefixHit(n, self._rows(key, n), "memory")
 
     # ------------------------------------------------------------------ disk
@@ -227,7 +225,6 @@ class PrefixStore:
         if read is None:
             return None
         stored, snap = read
-        self.hits["disk"] += 1
         self.put(
             stored,
             lambda s, e: KVSnapshot(

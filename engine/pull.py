@@ -229,6 +229,13 @@ def _pull_url(catalog: Catalog, entry: CatalogEntry, progress: PullProgress) -> 
     req = urllib.request.Request(entry.url, headers={"Range": f"bytes={have}-"} if have else {})
     try:
         resp = urllib.request.urlopen(req, timeout=15)
+    except urllib.error.HTTPError as exc:
+        if not (have and exc.code == 416):  # 416: nothing after `have`, the file is all here
+            raise NpuchatError(
+                f"cannot download {entry.name} (HTTP {exc.code}); fetch {entry.url} by hand, "
+                f"then run `npuchat import FILE.gguf --name {entry.name}`"
+            ) from exc
+        return _install_partial(catalog, entry, partial)
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise NpuchatError(
@@ -247,5 +254,14 @@ def _pull_url(catalog: Catalog, entry: CatalogEntry, progress: PullProgress) -> 
                 out.write(chunk)
                 done += len(chunk)
                 progress.update(done, 0)
-    sha = sha256_file(partial)
-    return _install(catalog, entry, partial, sha)
+    return _install_partial(catalog, entry, partial)
+
+
+def _install_partial(catalog: Catalog, entry: CatalogEntry, partial: Path) -> Path:
+    """Install a finished download. If its bytes are wrong it is deleted: resuming a file that
+    is complete and wrong could never succeed, so the next pull starts over."""
+    try:
+        return _install(catalog, entry, partial, sha256_file(partial))
+    except NpuchatError:
+        partial.unlink(missing_ok=True)
+        raise

@@ -100,3 +100,17 @@ def test_doctor_on_the_cpu_loads_the_graph(
     assert graph["nodes"] == sum(graph["ops"].values()) > 50
     assert main(["doctor", "--model", "syn-cpu", "--device", "cpu"]) == 0
     assert "loaded on the CPU EP" in capsys.readouterr().out
+
+
+def test_closed_pipe_ends_quietly() -> None:
+    """`npuchat models --json | head -0`: no BrokenPipeError traceback, SIGPIPE's exit code."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npuchat.app.cli", "models", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""

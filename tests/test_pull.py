@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.server
 import json
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tomli_w
+import tomlkit
 from synthetic import write_synthetic_gguf
 from wheel_source import WheelSet, build_wheel_set
 
@@ -28,7 +33,7 @@ def _register(home: Path, ws: WheelSet, *, sha: str | None = None) -> None:
     cfg = home / "config" / "config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     entry = {"arch": "llama", "size": ws.size, "sha256": sha or ws.sha256, "parts": ws.parts}
-    cfg.write_bytes(tomli_w.dumps({"models": {"tiny": entry}}).encode())
+    cfg.write_bytes(tomlkit.dumps({"models": {"tiny": entry}}).encode())
 
 
 def _pull(ws: WheelSet, *extra: str) -> int:
@@ -224,7 +229,7 @@ def test_unreachable_url_says_how_to_import_by_hand(
     cfg = isolated_home / "config" / "config.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     url = "http://127.0.0.1:9/model.gguf"  # discard port: connection refused at once
-    cfg.write_bytes(tomli_w.dumps({"models": {"hubby": {"arch": "phi3", "url": url}}}).encode())
+    cfg.write_bytes(tomlkit.dumps({"models": {"hubby": {"arch": "phi3", "url": url}}}).encode())
     assert main(["pull", "hubby"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
@@ -241,3 +246,65 @@ def test_hand_fetched_catalog_model_imports_under_its_name(
     main(["models", "--json"])
     row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["phi3-int4"]
     assert row["installed"] is True and row["path"] == str(src.resolve())
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder with `Range: bytes=N-` support, as a model host does."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        path = Path(self.translate_path(self.path))
+        data = path.read_bytes()
+        start = int(self.headers.get("Range", "bytes=0-")[6:].rstrip("-") or 0)
+        if start >= len(data) and start:
+            self.send_response(416)
+            self.end_headers()
+            return
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.end_headers()
+        self.wfile.write(data[start:])
+
+
+@pytest.fixture
+def model_host(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    folder = tmp_path / "host"
+    folder.mkdir()
+    handler = functools.partial(_RangeHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", folder
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_wrong_download_is_not_resumed_forever(
+    isolated_home: Path, model_host: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A complete download with the wrong sha256 is deleted, so the next pull starts over."""
+    url, folder = model_host
+    gguf = write_synthetic_gguf(folder / "m.gguf", "llama", seed=3)
+    good = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    cfg = isolated_home / "config" / "config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+
+    def register(sha: str) -> None:
+        entry = {"arch": "llama", "url": f"{url}/m.gguf", "sha256": sha}
+        cfg.write_text(tomlkit.dumps({"models": {"hosted": entry}}))
+
+    register("0" * 64)
+    for _ in range(2):  # the second try downloads again rather than "resuming" a finished file
+        assert main(["pull", "hosted"]) == 2
+        assert "expected 0000" in capsys.readouterr().err
+        assert _leftovers(isolated_home) == []
+    # a download cut short is resumed, and a finished one (the server answers 416) installed
+    partial = isolated_home / "models" / ".hosted.gguf.partial"
+    partial.write_bytes(gguf.read_bytes())
+    register(good)
+    assert main(["pull", "hosted"]) == 0
+    assert _leftovers(isolated_home) == ["hosted.gguf", "hosted.json"]

@@ -16,7 +16,7 @@ from typing import Any
 from textual.app import App
 
 from npuchat.app.engine_port import EngineLoader, EngineSpec
-from npuchat.app.settings import Settings, load_settings, save_settings
+from npuchat.app.settings import Settings, set_setting
 from npuchat.app.store import ConversationSettings, ConversationStore
 from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.help_screen import HelpScreen
@@ -133,9 +133,7 @@ class NpuchatApp(App[None]):
         if self.config_path is None:
             return
         try:
-            on_disk = load_settings(self.config_path)
-            setattr(on_disk, name, value)
-            save_settings(self.config_path, on_disk)
+            set_setting(self.config_path, name, value)
         except NpuchatError as exc:
             self.notify(f"could not save {name}: {exc}", severity="warning")
         except OSError as exc:
