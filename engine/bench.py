@@ -38,7 +38,6 @@ from .bench_report import (
     DecodeRow,
     Figure,
     MemoryFigures,
-    ModeFigures,
     ModelInfo,
     PrefillRow,
     PrefixReuseFigures,
@@ -51,8 +50,8 @@ from .bench_timers import (
     CHAT_SYSTEM,
     Reply,
     ask,
-    first_difference,
     machine_info,
+    mode_figures,
     peak_rss_bytes,
     system_prompt,
     time_decode,
@@ -377,7 +376,7 @@ class BenchRun:
                     ][1:]
                 if reference is None:
                     reference = runs[0].ids
-                row.modes[mode] = _mode_figures(runs, reference, row.modes.get("target"))
+                row.modes[mode] = mode_figures(runs, reference, row.modes.get("target"))
                 self._step(f"speculation {name} {mode}")
             self._step(f"speculation {name}", SPEC_MODES - len(decoders))
             section.prompts.append(row)
@@ -398,24 +397,3 @@ class BenchRun:
         )
         add_llama_ratios(self.report, llama)
         self.report.llama_bench = llama
-
-
-def _mode_figures(
-    runs: list[Reply], reference: list[int], target: ModeFigures | None
-) -> ModeFigures:
-    drafted = sum(r.drafted for r in runs)
-    accepted = sum(r.accepted for r in runs)
-    tps = [r.decode_tps for r in runs if r.decode_tokens > 0]
-    diffs = [first_difference(r.ids, reference) for r in runs]
-    out = ModeFigures(
-        decode_tps=Figure.of(tps) if tps else None,
-        drafted=drafted,
-        accepted=accepted,
-        acceptance=accepted / drafted if drafted else 0.0,
-        exact=all(d is None for d in diffs),
-        first_difference=min((d for d in diffs if d is not None), default=None),
-    )
-    base = target.decode_tps if target is not None else None
-    if base is not None and out.decode_tps is not None:
-        out.vs_target = out.decode_tps.median / base.median
-    return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench_report import Machine
+from .bench_report import Figure, Machine, ModeFigures
 from .errors import NpuchatError
 from .events import ChatMessage, ChatRequest, Failed, Finished, SamplingParams, TokenDelta
 from .model import Model
@@ -192,3 +192,25 @@ def first_difference(ids: Sequence[int], reference: Sequence[int]) -> int | None
         if a != b:
             return i
     return None if len(ids) == len(reference) else min(len(ids), len(reference))
+
+
+def mode_figures(
+    runs: list[Reply], reference: list[int], target: ModeFigures | None
+) -> ModeFigures:
+    """One drafter mode's figures from its timed replies, against target-only's tokens."""
+    drafted = sum(r.drafted for r in runs)
+    accepted = sum(r.accepted for r in runs)
+    tps = [r.decode_tps for r in runs if r.decode_tokens > 0]
+    diffs = [first_difference(r.ids, reference) for r in runs]
+    out = ModeFigures(
+        decode_tps=Figure.of(tps) if tps else None,
+        drafted=drafted,
+        accepted=accepted,
+        acceptance=accepted / drafted if drafted else 0.0,
+        exact=all(d is None for d in diffs),
+        first_difference=min((d for d in diffs if d is not None), default=None),
+    )
+    base = target.decode_tps if target is not None else None
+    if base is not None and out.decode_tps is not None:
+        out.vs_target = out.decode_tps.median / base.median
+    return out

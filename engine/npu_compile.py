@@ -1,19 +1,17 @@
 """Static graphs for the NPU, compiled once into QNN context binaries and cached.
 
 An NPU compiles a graph for fixed shapes, so a model gets one graph per step shape at one KV
-capacity C: `prefill` (S = P, logits of the last row), `decode` (S = 1) and `verify`
-(S = k+1, logits of every row). Each is built by `graph_builder` with static S and C and
-unfused norms (the HTP rejects `SkipSimplifiedLayerNormalization`), then passed through
-`adapt_for_htp`, and compiled by the QNN EP into an EPContext model `<name>_ctx.onnx` plus its
-context binary `<name>_ctx_qnn.bin` (`ep.context_enable=1`, embed mode 0). One context per graph:
-a shared multi-graph context binary (`ep.share_ep_contexts`) crashes the x86 simulator on load.
+capacity C: `prefill` (S = P, logits of the last row), `decode` (S = 1) and `verify` (S = k+1,
+logits of every row), built by `graph_builder` with static S and C and unfused norms (the HTP
+rejects `SkipSimplifiedLayerNormalization`), passed through `adapt_for_htp`, and compiled by the
+QNN EP into `<name>_ctx.onnx` plus its context binary `<name>_ctx_qnn.bin` (embed mode 0), one
+per graph: a shared one (`ep.share_ep_contexts`) crashes the x86 simulator on load.
 
 Compiling is done with `session.disable_cpu_ep_fallback=1`: an op the HTP cannot run fails the
 compile, and the error names the nodes and QNN's reason (`diagnose`), never a silent CPU
-fallback. The compiled folder lives in the same verified cache as the CPU graphs
-(`runtime.GraphCache`: manifest of sizes and sha256 digests, written last), keyed like the CPU
-graphs plus the QNN options and the QAIRT / onnxruntime-qnn versions, so a corrupt, truncated or
-foreign `.bin` is rebuilt rather than handed to the HTP. The source graphs and their weights are
+fallback. The compiled folder lives in the CPU graphs' verified cache (`runtime.GraphCache`),
+keyed like them plus the QNN options and the QAIRT / onnxruntime-qnn versions, so a corrupt or
+foreign `.bin` is rebuilt rather than handed to the HTP. The source graphs and weights are
 deleted once compiled: the context binaries carry their own (fp16 / quantized) weights.
 """
 
