@@ -2,9 +2,12 @@
 
 A byte-level BPE token or a SentencePiece `<0xNN>` token may carry part of a UTF-8 character, so
 a reply streamed token by token must hold those bytes back until the character is complete;
-`StreamDecoder` does that. It decodes from llama.cpp's piece rules rather than through
-`tokenizers`' `DecodeStream`, whose decoders render unused, byte and user-defined tokens
-differently from llama.cpp.
+`StreamDecoder` does that. It decodes by llama.cpp's piece rules rather than through
+`tokenizers`' `DecodeStream`: with a ByteLevel decoder that one agrees on SmolLM2's and
+Qwen2.5's every text case, but renders UNUSED tokens (Qwen2.5's 271 `[PAD…]`) as their text
+where llama.cpp renders nothing, holds a byte that can never form a character back until the
+next token, and would need a decoder chain per vocabulary kind (SentencePiece: "▁", byte
+fallback, the space prefix) to do what `piece_to_bytes` does in a few lines.
 """
 
 from __future__ import annotations
