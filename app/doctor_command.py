@@ -24,10 +24,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from npuchat.engine import devices
+from npuchat.engine.draft_models import VERIFY_K
 from npuchat.engine.errors import NpuchatError
 
 from .context import AppContext
-from .engine_factory import VERIFY_K
 
 DEFAULT_PREFILL_CHUNK = 128  # Model.load's default chunk: the graphs a chat compiles
 

@@ -7,7 +7,7 @@ names, devices and drafts the same way.
 from __future__ import annotations
 
 from npuchat.engine import devices
-from npuchat.engine.draft_models import load_draft_model
+from npuchat.engine.draft_models import VERIFY_K, load_draft_model
 from npuchat.engine.drafters import Drafter, LookupDrafter
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.model import Model
@@ -19,7 +19,6 @@ from .engine_port import EngineLoader, EngineSpec, ProgressCallback
 
 LOOKUP = "lookup"
 KEEP_WARM_S = 20.0  # idle seconds between keep-warm ticks (see SessionOptions.keep_warm_s)
-VERIFY_K = 8  # widest verify a drafter may ask for; adaptive k picks what pays
 
 
 def parse_draft(draft: str) -> tuple[str | None, bool]:

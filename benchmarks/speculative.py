@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 from npuchat.engine.bench_suites import PROMPTS
-from npuchat.engine.draft_models import load_draft_model
+from npuchat.engine.bench_timers import CHAT_SYSTEM, ask
+from npuchat.engine.draft_models import VERIFY_K, load_draft_model
 from npuchat.engine.drafters import Drafter, LookupDrafter
-from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
 from npuchat.engine.session import ChatSession, SessionOptions
 from npuchat.engine.speculative import SpeculativeDecoder
 
@@ -45,31 +43,15 @@ def _resolve(name: str) -> Path:
 
 
 def _run(session: ChatSession, prompt: str, tokens: int) -> tuple[list[int], dict[str, float]]:
-    request = ChatRequest(
-        "bench",
-        "You are a helpful coding assistant.",
-        (ChatMessage("user", prompt),),
-        SamplingParams(temperature=0.0, max_tokens=tokens),
-    )
-    ids: list[int] = []
-    t0 = time.perf_counter()
-    final = None
-    for ev in session.generate(request, threading.Event()):
-        if isinstance(ev, TokenDelta):
-            ids.extend(ev.ids)
-        elif isinstance(ev, Finished):
-            final = ev
-    wall = time.perf_counter() - t0
-    assert final is not None, "generation did not finish"
-    m = final.metrics
-    return ids, {
-        "tps": m.decode_tps,
-        "e2e": (m.decode_tokens + 1) / wall,
-        "ttft": m.ttft_s,
-        "drafted": m.drafted,
-        "accepted": m.accepted,
-        "mal": m.mean_accepted_len,
-        "share": m.draft_time_share,
+    r = ask(session, CHAT_SYSTEM, prompt, tokens)
+    return r.ids, {
+        "tps": r.decode_tps,
+        "e2e": (r.decode_tokens + 1) / r.wall_s,
+        "ttft": r.ttft_s,
+        "drafted": r.drafted,
+        "accepted": r.accepted,
+        "mal": r.mean_accepted_len,
+        "share": r.draft_time_share,
     }
 
 
@@ -95,7 +77,7 @@ def main() -> None:
         cache_dir=cache,
         threads=args.threads,
         options=opts,
-        verify_k=8,
+        verify_k=VERIFY_K,
     )
     model_drafter = None
     if any(m in ("draft", "both") for m in modes):  # one drafter: it knows what its cache holds

@@ -19,11 +19,11 @@ from typing import TypeVar
 
 from .bench_report import from_plain
 from .bench_timers import ask, exercise, peak_rss_bytes, system_prompt
+from .draft_models import VERIFY_K
 from .errors import NpuchatError
 from .model import Model, default_capacities
 from .session import ChatSession
 
-VERIFY_K = 8
 A = TypeVar("A")
 
 

@@ -139,6 +139,8 @@ class Reply:
     decode_tps: float
     drafted: int
     accepted: int
+    mean_accepted_len: float
+    draft_time_share: float
 
 
 def ask(
@@ -175,6 +177,8 @@ def ask(
         m.decode_tps,
         m.drafted,
         m.accepted,
+        m.mean_accepted_len,
+        m.draft_time_share,
     )
 
 

@@ -2,6 +2,7 @@
 
 - Its vocabulary must be the target's, token for token, or its guesses mean nothing.
 - Its cache never needs to hold more than the target's largest capacity.
+- The target is loaded with a verify graph `VERIFY_K` + 1 rows wide.
 - Its per-step costs are measured once at load (`ModelDrafter.calibrate`), so the speculative
   decoder's cost model knows what a draft costs before the first reply.
 """
@@ -18,6 +19,7 @@ from .gguf_reader import GGUFFile
 from .model import Model, default_capacities
 
 CALIBRATION_PROBE = tuple(range(16, 32))
+VERIFY_K = 8  # the target's widest verify (drafts up to 8 tokens); adaptive k picks what pays
 
 
 def same_vocabulary(target: Path, draft: Path) -> bool:
