@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure speed, latency and memory (llama-bench style)")
     add_bench_arguments(p)
+
+    from .serve.args import add_serve_arguments
+
+    p = sub.add_parser("serve", help="serve the OpenAI API (chat, completions) on a model")
+    add_serve_arguments(p)
     return parser
 
 
@@ -140,6 +145,10 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         from .bench_command import cmd_bench
 
         return cmd_bench(ctx, args, console)
+    if cmd == "serve":
+        from .serve.command import cmd_serve
+
+        return cmd_serve(ctx, args)
     raise AssertionError(f"unhandled command {cmd}")
 
 

@@ -26,6 +26,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 if TYPE_CHECKING:
+    from .events import ChatMessage, ToolSpec
     from .gguf_reader import GGUFFile
 
 Message = Mapping[str, Any]
@@ -106,6 +107,52 @@ _FALLBACKS: dict[str, tuple[str, Callable[[Sequence[Message], bool], str], str]]
 }
 
 
+def _json_or_text(text: str) -> Any:
+    """Parsed JSON when `text` is JSON, else the text itself (templates `tojson` arguments)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def template_messages(system: str, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """The `messages` a template renders: the system prompt first (if any), tool calls in
+    Hugging Face's shape (`{"type": "function", "function": {"name", "arguments": dict}}`)."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            d["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _json_or_text(c.arguments)},
+                }
+                for c in m.tool_calls
+            ]
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
+    """OpenAI-style function specs for a template's `tools`, or None when there are none."""
+    if not tools:
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": _json_or_text(t.parameters),
+            },
+        }
+        for t in tools
+    ]
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 160 else text[:157] + "..."
@@ -174,11 +221,20 @@ class ChatTemplate:
     def from_gguf(cls, g: GGUFFile) -> ChatTemplate:
         return cls.from_metadata(g.metadata, g.architecture)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` (dicts with "role" and "content")."""
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Message] | None = None,
+    ) -> str:
+        """The prompt text for `messages` (dicts with "role" and "content").
+
+        `tools` are OpenAI-style function specs (`{"type": "function", "function": {...}}`),
+        passed to the template as Hugging Face's `apply_chat_template(tools=...)` does; the
+        fallback formats have no place for them."""
         if self._template is not None:
             try:
-                text = self._render_template(messages, add_generation_prompt)
+                text = self._render_template(messages, add_generation_prompt, tools)
             except Exception as exc:  # any failure of foreign template code means: fall back
                 self.warning = (
                     f"the model's chat template failed ({_one_line(exc)}); "
@@ -189,14 +245,19 @@ class ChatTemplate:
                 return text
         return self._fallback(messages, add_generation_prompt)
 
-    def _render_template(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    def _render_template(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[Message] | None = None,
+    ) -> str:
         assert self._template is not None
         return self._template.render(
             messages=[dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
-            tools=None,
+            tools=[dict(t) for t in tools] if tools else None,
             documents=None,
         )
 

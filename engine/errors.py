@@ -26,3 +26,8 @@ class IntegrityError(NpuchatError):
 
 class UnsupportedModelError(NpuchatError):
     """A GGUF whose architecture or tensor layout the engine cannot build graphs for."""
+
+
+class InvalidRequestError(NpuchatError):
+    """A request the engine cannot serve as asked (a prompt longer than the context): the
+    caller's to fix, reported as `Failed(kind="invalid")`."""

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+"""`tool`: the result of a tool call, sent back by a client that ran it."""
 StopReason = Literal["eos", "stop_string", "max_tokens", "length"]
 NoticeLevel = Literal["info", "warning", "error"]
 Priority = Literal["interactive", "background"]
@@ -24,9 +25,35 @@ FailureKind = Literal["error", "busy", "invalid"]
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call the assistant asked for; `arguments` is JSON text, as OpenAI sends it."""
+
+    name: str
+    arguments: str = "{}"
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the model may call, handed to the chat template (`tools`).
+
+    `parameters` is the JSON Schema of its arguments as JSON text, so the request stays a plain
+    immutable value."""
+
+    name: str
+    description: str = ""
+    parameters: str = "{}"
+
+
+@dataclass(frozen=True)
 class ChatMessage:
+    """One turn. An assistant turn may carry the tool calls it made; a `tool` turn answers the
+    call named by `tool_call_id`."""
+
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +80,11 @@ class ChatRequest:
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     priority: Priority = "interactive"
+    tools: tuple[ToolSpec, ...] = ()
+    """Functions the chat template should offer the model (empty: none)."""
+    raw_prompt: str | None = None
+    """Continue this text as is, with no chat template (special tokens in it are parsed, BOS
+    added as the model wants); `system_prompt`, `messages` and `tools` are then ignored."""
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .chat_template import ChatTemplate
+from .chat_template import ChatTemplate, template_messages, template_tools
 from .drafters import Drafter
-from .errors import NpuchatError
+from .errors import InvalidRequestError, NpuchatError
 from .events import (
     Cancelled,
     ChatMessage,
@@ -33,6 +33,7 @@ from .events import (
     SamplingParams,
     StopReason,
     TokenDelta,
+    ToolSpec,
 )
 from .model import Model
 from .prefix_store import PrefixStore, common_prefix_len
@@ -242,12 +243,14 @@ class ChatSession:
 
     # ------------------------------------------------------------------ prompt
 
-    def _messages(self, system: str, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-        out = [{"role": "system", "content": system}] if system else []
-        return out + [{"role": m.role, "content": m.content} for m in messages]
-
-    def prompt_ids(self, system: str, messages: Sequence[ChatMessage]) -> list[int]:
-        text = self.template.render(self._messages(system, messages), add_generation_prompt=True)
+    def prompt_ids(
+        self, system: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> list[int]:
+        text = self.template.render(
+            template_messages(system, messages),
+            add_generation_prompt=True,
+            tools=template_tools(tools),
+        )
         return self.tokenizer.encode_prompt(text)
 
     def system_prefix(self, system: str) -> list[int]:
@@ -272,7 +275,7 @@ class ChatSession:
         reserve = max(1, min(request.sampling.max_tokens, cap // 4))
         messages = list(request.messages)
         dropped = 0
-        ids = self.prompt_ids(request.system_prompt, messages)
+        ids = self.prompt_ids(request.system_prompt, messages, request.tools)
         while len(ids) + reserve > cap:
             # a turn = one user message and the replies after it; the last user message stays
             firsts = [i for i, m in enumerate(messages) if m.role == "user"]
@@ -280,9 +283,9 @@ class ChatSession:
                 break
             messages = messages[firsts[1] :]
             dropped += 1
-            ids = self.prompt_ids(request.system_prompt, messages)
+            ids = self.prompt_ids(request.system_prompt, messages, request.tools)
         if len(ids) >= cap:
-            raise NpuchatError(
+            raise InvalidRequestError(
                 f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "
                 f"holds {cap}; shorten it or start a new conversation"
             )
@@ -322,6 +325,10 @@ class ChatSession:
         *,
         sampling: SamplingParams | None = None,
     ) -> Iterator[Event]:
+        if isinstance(request, ChatRequest) and request.raw_prompt is not None:  # no template
+            ids = self.tokenizer.encode_prompt(request.raw_prompt)
+            yield from self.complete(ids, request.sampling, cancel)
+            return
         with self._state:
             busy, self._generating = self._generating, True
         if busy:
@@ -333,7 +340,7 @@ class ChatSession:
         try:
             yield from self._generate(request, cancel, sampling)
         except NpuchatError as exc:
-            yield Failed(str(exc))
+            yield Failed(str(exc), "invalid" if isinstance(exc, InvalidRequestError) else "error")
         except Exception as exc:  # a bug: keep the traceback in the log, not on screen
             log.exception("generation failed")
             yield Failed(f"internal error: {type(exc).__name__}: {exc}")
@@ -350,12 +357,13 @@ class ChatSession:
         """Continue raw prompt ids (no chat template): `npuchat run --raw`, benchmarks."""
         ids = list(ids)
         if not ids:
-            yield Failed("the prompt is empty")
+            yield Failed("the prompt is empty", "invalid")
             return
         if len(ids) >= self.model.max_capacity:
             yield Failed(
                 f"the prompt is {len(ids)} tokens and {self._name} holds "
-                f"{self.model.max_capacity}; shorten it"
+                f"{self.model.max_capacity}; shorten it",
+                "invalid",
             )
             return
         yield from self.generate(ids, cancel, sampling=sampling)  # type: ignore[arg-type]

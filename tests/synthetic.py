@@ -30,6 +30,7 @@ __all__ = [
     "ARCHS",
     "K_QUANT_TYPES",
     "PHI3_CHAT_TEMPLATE",
+    "QWEN25_TOOL_TEMPLATE",
     "TENSOR_TYPES",
     "ggml_type",
     "quantize_tensor",
@@ -108,6 +109,10 @@ PHI3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
 )
 
+# Qwen2.5's chat template, copied from the qwen2.5-coder-0.5b GGUF (`tokenizer.chat_template`):
+# tools go into the system block, calls come back as <tool_call>{json}</tool_call>.
+QWEN25_TOOL_TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
+
 # Per-arch hyperparameters in the spirit of the real models (SmolLM2, Qwen2.5, Phi-3).
 _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rope_theta": 100000.0, "rms_eps": 1e-5, "tied": True, "vocab": "bpe"},
@@ -155,7 +160,7 @@ def _train_spm(vocab_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return merged, singles
 
 
-def _add_bpe_vocab(w: GGUFWriter, arch: str) -> int:
+def _add_bpe_vocab(w: GGUFWriter, arch: str, template: str | None = None) -> int:
     tokens, merges = _train_bpe(400)
     normal = list(tokens)
     specials = list(_CHATML_SPECIALS)
@@ -179,7 +184,7 @@ def _add_bpe_vocab(w: GGUFWriter, arch: str) -> int:
     w.add_add_bos_token(False)
     w.add_add_space_prefix(False)
     system = "You are a tiny synthetic test model." if arch == "qwen2" else "You are SynthLM."
-    w.add_chat_template(_chatml_template(system))
+    w.add_chat_template(template or _chatml_template(system))
     return len(all_tokens)
 
 
@@ -317,6 +322,7 @@ def write_synthetic_gguf(
     seed: int = 0,
     tied_embeddings: bool | None = None,
     vocab: str | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny `arch` model to `path` and return the path.
 
@@ -325,6 +331,7 @@ def write_synthetic_gguf(
     (`token_embd`, `output`, `attn_q`, `attn_k`, `attn_v`, `attn_qkv`, `attn_output`,
     `ffn_gate`, `ffn_up`, `ffn_down`, or `default`). `d_model` and `ffn_dim` default to 64/128,
     or 256/512 when any K-quant is involved (K-quant rows hold multiples of 256 values).
+    `chat_template` replaces the ChatML template of a BPE vocabulary (`QWEN25_TOOL_TEMPLATE`).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; use one of {ARCHS}")
@@ -357,7 +364,7 @@ def write_synthetic_gguf(
     if arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(context_length)
     if vocab == "bpe":
-        n_vocab = _add_bpe_vocab(w, arch)
+        n_vocab = _add_bpe_vocab(w, arch, chat_template)
     elif vocab == "spm":
         n_vocab = _add_spm_vocab(w)
     else:

@@ -1,0 +1,25 @@
+"""The `npuchat serve` options, kept apart from the server so that building the CLI parser
+imports no HTTP stack."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MAX_QUEUE = 16
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="serve_model", help="model to serve (default: from settings)")
+    p.add_argument(
+        "--draft", dest="serve_draft", help="speculative drafts: lookup, NAME, default, none"
+    )
+    p.add_argument("--device", dest="serve_device", choices=["npu", "cpu", "auto"])
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (needed beyond loopback)")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        help=f"requests that may wait for the engine; more get 429 (default {DEFAULT_MAX_QUEUE})",
+    )

@@ -1,0 +1,50 @@
+"""Bearer-token auth and the rule that only loopback may go without it.
+
+The key is compared in constant time (`hmac.compare_digest`) so response timing says nothing
+about how much of a guess was right. `/health` stays open: it tells a load balancer or a
+script whether the server is up, and nothing about the model or the conversations.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from npuchat.engine.errors import NpuchatError
+
+from .schema import ApiError
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve anywhere
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to serve beyond this machine without a key."""
+    if not is_loopback(host) and not api_key:
+        raise NpuchatError(
+            f"--host {host} is reachable from other machines; give --api-key KEY (clients send "
+            "it as a Bearer token), or serve on 127.0.0.1"
+        )
+
+
+def check_request(path: str, authorization: str | None, api_key: str | None) -> None:
+    """Raise a 401 ApiError unless the request carries `Authorization: Bearer <api_key>`."""
+    if not api_key or path in OPEN_PATHS:
+        return
+    scheme, _, token = (authorization or "").partition(" ")
+    given = token.strip().encode() if scheme.lower() == "bearer" else b""
+    if not hmac.compare_digest(given, api_key.encode()):
+        raise ApiError(
+            401,
+            "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+            type="authentication_error",
+            code="invalid_api_key",
+        )

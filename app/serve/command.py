@@ -1,0 +1,62 @@
+"""`npuchat serve`: load a model and serve the OpenAI API on it until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+import sys
+
+from rich.console import Console
+
+from npuchat.engine.errors import NpuchatError
+
+from ..context import AppContext
+from ..engine_factory import check_draft, open_engine, resolve_device
+from ..engine_port import EngineSpec
+from ..progress import RichPullProgress
+from .auth import check_bind
+from .server import ServedModel, Server, create_app
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail with one line before the model loads, not after, when the port cannot be had."""
+    if not 0 <= port <= 65535:
+        raise NpuchatError(f"--port {port}: give a port from 0 to 65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+            raise NpuchatError(f"{host}:{port} {why}; pick another --port or --host") from None
+
+
+def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
+    if args.max_queue < 0:
+        raise NpuchatError("--max-queue: give 0 or more")
+    check_bind(args.host, args.api_key)
+    _check_port(args.host, args.port)
+    model = args.serve_model or ctx.settings.model
+    draft = ctx.settings.draft if args.serve_draft is None else args.serve_draft
+    device = args.serve_device or ctx.settings.device
+    ctx.catalog.get(model)
+    check_draft(draft)
+    resolve_device(device)
+    err = Console(stderr=True)
+    engine = open_engine(ctx, EngineSpec(model, draft, device), pull_progress=RichPullProgress(err))
+    try:
+        card = ServedModel(model, engine.model.max_capacity, engine.draft_name, engine.device)
+        app = create_app(engine, card, api_key=args.api_key, max_queue=args.max_queue)
+        server = Server(app, args.host, args.port, log_level="info")
+        print(
+            f"npuchat: serving {model} ({card.context_length} tokens of context, "
+            f"draft {card.draft or 'none'}, {card.device}) at {server.url_for(args.port)}/v1"
+            f"{'' if args.api_key else ' (no API key)'}; Ctrl+C stops",
+            file=sys.stderr,
+        )
+        server.run()
+    finally:
+        engine.close()
+    return 0

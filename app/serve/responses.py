@@ -1,0 +1,173 @@
+"""OpenAI response objects built from engine events: whole replies and streamed chunks.
+
+One `Reply` per request accumulates what the engine said (text, token count, metrics, the
+terminal event); `ChatShape` and `TextShape` turn it into `/v1/chat/completions` and
+`/v1/completions` objects, so the streaming and non-streaming paths share every field.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from npuchat.engine.events import (
+    Cancelled,
+    Event,
+    Failed,
+    Finished,
+    Metrics,
+    MetricsUpdate,
+    TerminalEvent,
+    TokenDelta,
+    ToolCall,
+)
+
+from . import metrics as figures
+from .tools import split_reply
+
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "length": "length"}
+
+
+@dataclass
+class Reply:
+    """What one generation produced so far."""
+
+    text: str = ""
+    tokens: int = 0
+    metrics: Metrics = field(default_factory=Metrics)
+    terminal: TerminalEvent | None = None
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, TokenDelta):
+            self.text += event.text
+            self.tokens += len(event.ids)
+        elif isinstance(event, MetricsUpdate):
+            self.metrics = event.metrics
+        elif isinstance(event, Finished | Cancelled):
+            self.metrics, self.terminal = event.metrics, event
+        elif isinstance(event, Failed):
+            self.terminal = event
+
+    def finish_reason(self, tool_calls: bool = False) -> str:
+        if tool_calls:
+            return "tool_calls"
+        if isinstance(self.terminal, Finished):
+            return FINISH_REASONS[self.terminal.stop_reason]
+        return "stop"  # cancelled: what was generated ends there
+
+    @property
+    def completion_tokens(self) -> int:
+        """Ids the text came from; an engine that sends no ids is taken at its decode count."""
+        if self.tokens or not self.text:
+            return self.tokens
+        return self.metrics.decode_tokens + 1
+
+    def usage(self) -> dict[str, Any]:
+        return figures.usage(self.metrics, self.completion_tokens)
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+@dataclass
+class _Shape:
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+@dataclass
+class ChatShape(_Shape):
+    """`chat.completion` and `chat.completion.chunk` objects."""
+
+    tools: bool = False
+
+    def __post_init__(self) -> None:
+        self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        content, calls = split_reply(reply.text) if self.tools else (reply.text, [])
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = [_tool_call_json(c) for c in calls]
+        elif message["content"] is None:
+            message["content"] = ""
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": reply.finish_reason(bool(calls)),
+        }
+        return {
+            **self._head("chat.completion"),
+            "choices": [choice],
+            "usage": reply.usage(),
+            "npuchat": figures.extension(reply.metrics),
+        }
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+    def text_chunk(self, text: str) -> dict[str, Any]:
+        return self.chunk({"content": text})
+
+    def call_chunk(self, call: ToolCall, index: int) -> dict[str, Any]:
+        return self.chunk({"tool_calls": [_tool_call_json(call, index)]})
+
+    def usage_chunk(self, reply: Reply) -> dict[str, Any]:
+        return {
+            **self._head("chat.completion.chunk"),
+            "choices": [],
+            "usage": reply.usage(),
+            "npuchat": figures.extension(reply.metrics),
+        }
+
+
+@dataclass
+class TextShape(_Shape):
+    """`text_completion` objects, whole and streamed (OpenAI streams the same object type)."""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or "cmpl-" + secrets.token_hex(12)
+
+    def _choice(self, text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        return {
+            **self._head("text_completion"),
+            "choices": [self._choice(reply.text, reply.finish_reason())],
+            "usage": reply.usage(),
+            "npuchat": figures.extension(reply.metrics),
+        }
+
+    def chunk(self, text: str, finish: str | None = None) -> dict[str, Any]:
+        return {**self._head("text_completion"), "choices": [self._choice(text, finish)]}
+
+    def usage_chunk(self, reply: Reply) -> dict[str, Any]:
+        return {
+            **self._head("text_completion"),
+            "choices": [],
+            "usage": reply.usage(),
+            "npuchat": figures.extension(reply.metrics),
+        }

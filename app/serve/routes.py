@@ -1,0 +1,269 @@
+"""The HTTP endpoints: read and check a request, run it on the engine, answer in OpenAI's shape.
+
+Every way a request can go wrong before the engine runs (too big, not JSON, unknown model,
+bad parameters, a full queue) ends here as an OpenAI error object with a 4xx status; a reply
+the engine refuses (`Failed`, kind busy or invalid) becomes 429 or 400 the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from npuchat.engine.events import ChatEngine, Event, Failed
+
+from .metrics import ServerMetrics
+from .responses import ChatShape, Reply, TextShape
+from .runner import Admission, QueueFull, run_events
+from .schema import (
+    ApiError,
+    ChatCompletionIn,
+    CompletionIn,
+    Prepared,
+    parse,
+    prepare_chat,
+    prepare_completion,
+)
+from .streaming import EventStream, chat_chunks, text_chunks
+
+T = TypeVar("T")
+MAX_BODY_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What `/v1/models` says about the model (the engine port does not carry the context)."""
+
+    id: str
+    context_length: int
+    draft: str
+    device: str
+
+
+@dataclass
+class Service:
+    engine: ChatEngine
+    model: ServedModel
+    admission: Admission
+    metrics: ServerMetrics
+    api_key: str | None = None
+    max_body_bytes: int = MAX_BODY_BYTES
+    started: float = 0.0
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    headers = {}
+    if exc.status == 429 and exc.code is not None and exc.code.isdigit():
+        headers["Retry-After"] = exc.code
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def busy_error(retry_after_s: int, message: str) -> ApiError:
+    # code carries Retry-After to error_response; OpenAI's own 429s have a null code anyway
+    return ApiError(429, message, type="rate_limit_error", code=str(retry_after_s))
+
+
+def failed_error(event: Failed, service: Service) -> ApiError:
+    if event.kind == "busy":
+        return busy_error(service.admission.retry_after(), event.message)
+    if event.kind == "invalid":
+        return ApiError(400, event.message)
+    return ApiError(500, event.message, type="server_error")
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is over {limit} bytes", code="body_too_large")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(
+                    413, f"the request body is over {limit} bytes", code="body_too_large"
+                )
+    except ClientDisconnect:
+        raise ApiError(400, "the client went away while sending the body") from None
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """Run `work` unless the client disconnects first: (finished, result)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False, None
+
+
+def _check_model(service: Service, name: str) -> None:
+    if name != service.model.id:
+        raise ApiError(
+            404,
+            f"the model '{name}' does not exist here; this server serves '{service.model.id}'",
+            param="model",
+            code="model_not_found",
+        )
+
+
+async def _collect(first: Event, rest: AsyncIterator[Event]) -> Reply:
+    reply = Reply()
+    reply.add(first)
+    if reply.terminal is None:
+        async for event in rest:
+            reply.add(event)
+            if reply.terminal is not None:
+                break
+    return reply
+
+
+async def _run(
+    request: Request,
+    service: Service,
+    prepared: Prepared,
+    whole: Callable[[Reply], dict[str, Any]],
+    stream: Callable[[Event, AsyncIterator[Event], Callable[[Reply], None]], AsyncIterator[bytes]],
+) -> Response:
+    admission = service.admission
+    try:
+        entered, _ = await until_disconnect(request, admission.enter())
+    except QueueFull as exc:
+        raise busy_error(exc.retry_after_s, str(exc)) from None
+    if not entered:
+        return Response(status_code=499)
+    cancel = threading.Event()
+    events = run_events(service.engine, admission, prepared.request, cancel)
+    try:
+        got, first = await until_disconnect(request, anext(events))
+        if not got or first is None:
+            return Response(status_code=499)
+        if isinstance(first, Failed):
+            raise failed_error(first, service)
+
+        def done(reply: Reply) -> None:
+            service.metrics.record_reply(reply.metrics, reply.completion_tokens)
+
+        if prepared.stream:
+            return EventStream(stream(first, events, done), cancel)
+        got, reply = await until_disconnect(request, _collect(first, events))
+        if not got or reply is None:
+            return Response(status_code=499)
+        if isinstance(reply.terminal, Failed):
+            raise failed_error(reply.terminal, service)
+        done(reply)
+        return JSONResponse(whole(reply))
+    except BaseException:
+        cancel.set()
+        raise
+
+
+def _conversation(body: Any) -> str:
+    given = body.get("conversation_id") if isinstance(body, dict) else None
+    return given if isinstance(given, str) and given else "http-" + secrets.token_hex(8)
+
+
+async def chat_completions(request: Request) -> Response:
+    service: Service = request.app.state.service
+    raw = await read_json(request, service.max_body_bytes)
+    body = parse(ChatCompletionIn, raw)
+    _check_model(service, body.model)
+    prepared = prepare_chat(body, service.model.context_length, _conversation(raw))
+    shape = ChatShape(service.model.id, tools=prepared.tools)
+    return await _run(
+        request,
+        service,
+        prepared,
+        shape.whole,
+        lambda first, rest, done: chat_chunks(
+            shape, first, rest, include_usage=prepared.include_usage, done=done
+        ),
+    )
+
+
+async def completions(request: Request) -> Response:
+    service: Service = request.app.state.service
+    raw = await read_json(request, service.max_body_bytes)
+    body = parse(CompletionIn, raw)
+    _check_model(service, body.model)
+    prepared = prepare_completion(body, service.model.context_length, _conversation(raw))
+    shape = TextShape(service.model.id)
+    return await _run(
+        request,
+        service,
+        prepared,
+        shape.whole,
+        lambda first, rest, done: text_chunks(
+            shape, first, rest, include_usage=prepared.include_usage, done=done
+        ),
+    )
+
+
+def _model_object(service: Service) -> dict[str, Any]:
+    m = service.model
+    return {
+        "id": m.id,
+        "object": "model",
+        "created": int(service.started),
+        "owned_by": "npuchat",
+        "context_length": m.context_length,
+        "meta": {"n_ctx": m.context_length, "draft": m.draft or None, "device": m.device},
+        "npuchat": {"draft": m.draft or None, "speculative": bool(m.draft), "device": m.device},
+    }
+
+
+async def models(request: Request) -> Response:
+    service: Service = request.app.state.service
+    return JSONResponse({"object": "list", "data": [_model_object(service)]})
+
+
+async def model(request: Request) -> Response:
+    service: Service = request.app.state.service
+    _check_model(service, request.path_params["name"])
+    return JSONResponse(_model_object(service))
+
+
+async def health(request: Request) -> Response:
+    service: Service = request.app.state.service
+    load = service.admission.load
+    return JSONResponse(
+        {
+            "status": "ok",
+            "model": service.model.id,
+            "running": load.running,
+            "waiting": load.waiting,
+            "uptime_s": round(time.time() - service.started, 1),
+        }
+    )
+
+
+async def prometheus(request: Request) -> Response:
+    service: Service = request.app.state.service
+    return PlainTextResponse(
+        service.metrics.prometheus(), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )

@@ -1,0 +1,305 @@
+"""The OpenAI request schema, validated with pydantic and turned into the engine's `ChatRequest`.
+
+Fields OpenAI defines and npuchat cannot honour (n > 1, images, a forced tool choice) are
+refused with a 400 that names the field, rather than silently ignored; fields unknown to the
+schema are ignored, as OpenAI-compatible servers do, so newer clients keep working. Values the
+engine's sampler cannot take (negative temperature, top_p outside (0, 1], max_tokens beyond the
+context) are refused here, before a request is queued.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from npuchat.engine.events import (
+    ChatMessage,
+    ChatRequest,
+    Priority,
+    SamplingParams,
+    ToolCall,
+    ToolSpec,
+)
+
+MAX_STOP_STRINGS = 4
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI's `{"error": {...}}` object with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCallIn(_Model):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Model):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class MessageIn(_Model):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class FunctionSpecIn(_Model):
+    name: str = Field(min_length=1, max_length=64)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolIn(_Model):
+    type: Literal["function"]
+    function: FunctionSpecIn
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
+class StreamOptions(_Model):
+    include_usage: bool = False
+
+
+class _Sampling(_Model):
+    """Sampling fields shared by both endpoints; `top_k`, `min_p`, `repeat_penalty` are
+    llama-server's extensions, `priority` is npuchat's."""
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    priority: Priority = "interactive"
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        return stop
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling(self, max_tokens: int, context_length: int) -> SamplingParams:
+        if max_tokens > context_length:
+            raise ApiError(
+                400,
+                f"max_tokens is {max_tokens} but the model's context holds {context_length} "
+                "tokens; ask for fewer",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        base = SamplingParams()
+        return SamplingParams(
+            temperature=base.temperature if self.temperature is None else self.temperature,
+            top_k=base.top_k if self.top_k is None else self.top_k,
+            top_p=base.top_p if self.top_p is None else self.top_p,
+            min_p=base.min_p if self.min_p is None else self.min_p,
+            repeat_penalty=base.repeat_penalty
+            if self.repeat_penalty is None
+            else self.repeat_penalty,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            stop=self.stops(),
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionIn(_Sampling):
+    messages: list[MessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolIn] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+
+class CompletionIn(_Sampling):
+    prompt: str | list[str]
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        if isinstance(prompt, list) and len(prompt) != 1:
+            raise ValueError("give one prompt (a string, or a list of one string)")
+        return prompt
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def _error_param(error: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in error.get("loc", ())) or "body"
+
+
+def parse(model: type[_Sampling], body: Any) -> Any:
+    """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _error_param(first)
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise ApiError(400, f"{param}: {message}", param=param) from None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request ready for the engine, with what the response needs to echo."""
+
+    request: ChatRequest
+    stream: bool
+    include_usage: bool
+    tools: bool
+
+
+def _tool_call(call: ToolCallIn) -> ToolCall:
+    args = call.function.arguments
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(call.function.name, text, call.id)
+
+
+def _messages(body: ChatCompletionIn) -> tuple[str, tuple[ChatMessage, ...]]:
+    """The leading system (or developer) messages become the system prompt; the rest stay
+    turns. A system message after the first turn is refused: the engine keeps one system
+    prompt per conversation."""
+    system: list[str] = []
+    turns: list[ChatMessage] = []
+    for i, m in enumerate(body.messages):
+        if m.role in ("system", "developer"):
+            if turns:
+                raise ApiError(
+                    400,
+                    f"messages.{i}: system messages must come before the conversation's turns",
+                    param=f"messages.{i}.role",
+                )
+            system.append(m.text())
+            continue
+        role: Literal["user", "assistant", "tool"] = m.role
+        calls = tuple(_tool_call(c) for c in m.tool_calls or ())
+        turns.append(ChatMessage(role, m.text(), calls, m.tool_call_id or ""))
+    if not turns:
+        raise ApiError(400, "messages: give at least one user message", param="messages")
+    return "\n\n".join(system), tuple(turns)
+
+
+def _tools(body: ChatCompletionIn) -> tuple[ToolSpec, ...]:
+    if not body.tools or body.tool_choice == "none":
+        return ()
+    if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
+        raise ApiError(
+            400,
+            "tool_choice: only 'auto' and 'none' are supported (the model decides whether to "
+            "call a tool)",
+            param="tool_choice",
+        )
+    return tuple(
+        ToolSpec(
+            t.function.name,
+            t.function.description,
+            json.dumps(t.function.parameters, ensure_ascii=False),
+        )
+        for t in body.tools
+    )
+
+
+def prepare_chat(body: ChatCompletionIn, context_length: int, conversation: str) -> Prepared:
+    system, turns = _messages(body)
+    tools = _tools(body)
+    max_tokens = body.max_completion_tokens or body.max_tokens or context_length
+    request = ChatRequest(
+        conversation_id=conversation,
+        system_prompt=system,
+        messages=turns,
+        sampling=body.sampling(max_tokens, context_length),
+        priority=body.priority,
+        tools=tools,
+    )
+    return Prepared(request, body.stream, body.include_usage, bool(tools))
+
+
+def prepare_completion(body: CompletionIn, context_length: int, conversation: str) -> Prepared:
+    if body.echo:
+        raise ApiError(400, "echo: not supported", param="echo")
+    max_tokens = body.max_tokens or 16  # OpenAI's default for /v1/completions
+    request = ChatRequest(
+        conversation_id=conversation,
+        system_prompt="",
+        messages=(),
+        sampling=body.sampling(max_tokens, context_length),
+        priority=body.priority,
+        raw_prompt=body.text(),
+    )
+    return Prepared(request, body.stream, body.include_usage, False)

@@ -1,0 +1,185 @@
+"""The ASGI app and the uvicorn server that runs it.
+
+`create_app` wires the routes over any `ChatEngine`; `Server` runs uvicorn in a background
+thread (tests, the load benchmark) or in the foreground (`npuchat serve`). Errors anywhere in
+the app become OpenAI error objects: a traceback goes to the log, never to a client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from npuchat.engine.events import ChatEngine
+
+from . import auth, routes
+from .args import DEFAULT_MAX_QUEUE
+from .metrics import ServerMetrics
+from .routes import ServedModel, Service, error_response
+from .runner import Admission
+from .schema import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class _Guard:
+    """Pure ASGI middleware (streaming-safe): the API key check and per-endpoint counts."""
+
+    def __init__(self, app: ASGIApp, service: Service) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        status = 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            auth.check_request(path, headers.get("authorization"), self.service.api_key)
+        except ApiError as exc:
+            await error_response(exc)(scope, receive, counting_send)
+        else:
+            await self.app(scope, receive, counting_send)
+        finally:
+            endpoint = path if path in _KNOWN_PATHS else "other"
+            self.service.metrics.record_request(endpoint, status)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = (
+        f"no such endpoint: {request.method} {request.url.path}"
+        if exc.status_code in (404, 405)
+        else str(exc.detail)
+    )
+    return error_response(ApiError(exc.status_code, message, type=kind))
+
+
+async def _bug(request: Request, exc: Exception) -> Response:
+    log.error("request failed", exc_info=exc)
+    body = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error").body()
+    return JSONResponse(body, status_code=500)
+
+
+_ROUTES = [
+    Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+    Route("/v1/completions", routes.completions, methods=["POST"]),
+    Route("/v1/models", routes.models, methods=["GET"]),
+    Route("/v1/models/{name:path}", routes.model, methods=["GET"]),
+    Route("/health", routes.health, methods=["GET"]),
+    Route("/metrics", routes.prometheus, methods=["GET"]),
+]
+_KNOWN_PATHS = frozenset(r.path for r in _ROUTES if "{" not in r.path)
+
+
+def create_app(
+    engine: ChatEngine,
+    model: ServedModel,
+    *,
+    api_key: str | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    slots: int | None = 1,
+    max_body_bytes: int = routes.MAX_BODY_BYTES,
+) -> Starlette:
+    """The service over `engine`. `slots`: replies the engine runs at once (None: the engine
+    schedules and queues them itself)."""
+    admission = Admission(slots, max_queue)
+    metrics = ServerMetrics(model.id, model.draft, model.device, admission.load)
+    service = Service(
+        engine, model, admission, metrics, api_key, max_body_bytes, started=time.time()
+    )
+    app = Starlette(
+        routes=_ROUTES,
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            Exception: _bug,
+        },
+    )
+    app.state.service = service
+    app.add_middleware(_Guard, service=service)
+    return app
+
+
+class Server:
+    """uvicorn serving `app` on host:port (port 0: an ephemeral one, see `port` once started)."""
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0, **kw: Any) -> None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=kw.pop("log_level", "warning"),
+            timeout_graceful_shutdown=kw.pop("timeout_graceful_shutdown", 5),
+            **kw,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        sockets = [s for server in self._server.servers for s in server.sockets]
+        return int(sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (once started)."""
+        return self.url_for(self.port)
+
+    def url_for(self, port: int) -> str:
+        host = self._server.config.host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def run(self) -> None:
+        """Serve in this thread until interrupted."""
+        self._server.run()
+
+    def start(self, timeout_s: float = 10.0) -> Server:
+        """Serve from a background thread; returns once the socket listens."""
+        self._thread = threading.Thread(target=self._server.run, daemon=True, name="uvicorn")
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["DEFAULT_MAX_QUEUE", "ServedModel", "Server", "create_app"]

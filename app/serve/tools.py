@@ -1,0 +1,110 @@
+"""Tool calls read back out of the model's text.
+
+Qwen2.5's template (and Hermes-style ones) tells the model to answer a tool request with
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; this module turns those blocks into
+OpenAI `tool_calls` and leaves the rest as content. A block whose JSON does not parse, or that
+lacks a name, stays text: a wrong tool call is worse than showing what the model wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+from npuchat.engine.events import ToolCall
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_call(block: str) -> ToolCall | None:
+    """A ToolCall from the JSON inside one block, or None when it is not one."""
+    try:
+        data = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    args = data.get("arguments", data.get("parameters", {}))
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(data["name"], text, new_call_id())
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of reply text, or one complete tool call."""
+
+    text: str = ""
+    call: ToolCall | None = None
+
+
+class ToolCallSplitter:
+    """Splits streamed reply text into content and tool calls as the text arrives.
+
+    Text that could be the start of `<tool_call>` is held back until it is clearly not;
+    inside a block everything waits for `</tool_call>`.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = ""
+        self._inside = False
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buffer += text
+        out: list[Piece] = []
+        while True:
+            if self._inside:
+                end = self._buffer.find(CLOSE)
+                if end < 0:
+                    return out
+                block, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE) :]
+                self._inside = False
+                out.append(self._block(block))
+                continue
+            start = self._buffer.find(OPEN)
+            if start >= 0:
+                if start:
+                    out.append(Piece(self._buffer[:start]))
+                self._buffer = self._buffer[start + len(OPEN) :]
+                self._inside = True
+                continue
+            hold = _partial_suffix(self._buffer, OPEN)
+            safe = self._buffer[: len(self._buffer) - hold]
+            if safe:
+                out.append(Piece(safe))
+            self._buffer = self._buffer[len(safe) :]
+            return out
+
+    def flush(self) -> list[Piece]:
+        """The end of the reply: an unclosed block is still a call if its JSON is whole."""
+        rest, self._buffer = self._buffer, ""
+        if self._inside:
+            self._inside = False
+            return [self._block(rest)]
+        return [Piece(rest)] if rest else []
+
+    @staticmethod
+    def _block(block: str) -> Piece:
+        call = parse_call(block.strip())
+        return Piece(call=call) if call is not None else Piece(OPEN + block + CLOSE)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that begins `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def split_reply(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole reply."""
+    splitter = ToolCallSplitter()
+    pieces = splitter.feed(text) + splitter.flush()
+    content = "".join(p.text for p in pieces)
+    calls = [p.call for p in pieces if p.call is not None]
+    return (content.strip() if calls else content), calls

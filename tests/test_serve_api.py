@@ -1,0 +1,283 @@
+"""`npuchat serve` against a scripted engine, through the real `openai` client and raw HTTP:
+the OpenAI shapes, tool calls, every bad input, auth, the bounded queue, disconnects."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from scripted_engine import ScriptedEngine, ScriptedReply
+from serve_helpers import serving
+
+from npuchat.app.cli import main
+from npuchat.engine.events import (
+    ChatMessage,
+    ToolCall,
+    ToolSpec,
+)
+
+MODEL = "scripted-1b"
+USER = [{"role": "user", "content": "Hi"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_chat_reply_carries_the_request_and_the_engine_figures() -> None:
+    engine = ScriptedEngine([ScriptedReply(["Hello", ", world"])])
+    with serving(engine) as (_, client):
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": "Be brief."}, *USER],
+            temperature=0,
+            top_p=0.5,
+            max_tokens=50,
+            seed=7,
+            stop=["zz"],
+        )
+    assert r.choices[0].message.content == "Hello, world"
+    assert r.choices[0].finish_reason == "stop"
+    (req,) = engine.requests
+    assert req.system_prompt == "Be brief."
+    assert req.messages == (ChatMessage("user", "Hi"),)
+    s = req.sampling
+    assert (s.temperature, s.top_p, s.max_tokens, s.seed, s.stop) == (0, 0.5, 50, 7, ("zz",))
+    figures = engine.metrics_at(req, 2)
+    assert r.usage is not None
+    assert r.usage.prompt_tokens == figures.prefill_tokens + figures.reused_tokens
+    assert r.usage.completion_tokens == figures.decode_tokens + 1
+    ext = (r.model_extra or {})["npuchat"]
+    assert ext["ttft_s"] == figures.ttft_s and ext["decode_tps"] == figures.decode_tps
+    assert ext["acceptance_rate"] == pytest.approx(figures.acceptance_rate)
+
+
+def test_stream_chunks_add_up_to_the_reply_and_end_with_usage() -> None:
+    engine = ScriptedEngine([ScriptedReply(["Hel", "lo", " there"], stop_reason="max_tokens")])
+    with serving(engine) as (_, client):
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL,
+                messages=USER,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello there"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 3
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_completions_send_the_raw_prompt() -> None:
+    engine = ScriptedEngine([ScriptedReply([" upon", " a time"]), ScriptedReply([" there"])])
+    with serving(engine) as (_, client):
+        r = client.completions.create(model=MODEL, prompt="Once", max_tokens=5, temperature=0)
+        streamed = list(client.completions.create(model=MODEL, prompt=["Then"], stream=True))
+    assert r.choices[0].text == " upon a time" and r.object == "text_completion"
+    assert [q.raw_prompt for q in engine.requests] == ["Once", "Then"]
+    assert engine.requests[0].sampling.max_tokens == 5
+    assert engine.requests[1].sampling.max_tokens == 16  # OpenAI's default for completions
+    assert "".join(c.choices[0].text for c in streamed) == " there"
+
+
+def test_tool_calls_are_parsed_from_the_reply() -> None:
+    engine = ScriptedEngine(lambda req: ScriptedReply(["Let me check. ", *CALL_TEXT.split("\n")]))
+    with serving(engine) as (_, client):
+        r = client.chat.completions.create(model=MODEL, messages=USER, tools=[WEATHER_TOOL])
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=USER, tools=[WEATHER_TOOL], stream=True
+            )
+        )
+        plain = client.chat.completions.create(model=MODEL, messages=USER)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert call.id.startswith("call_")
+    params = json.dumps(WEATHER_TOOL["function"]["parameters"])  # type: ignore[index]
+    assert engine.requests[0].tools == (
+        ToolSpec("get_weather", "Current weather in a city", params),
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed_calls = [tc for d in deltas for tc in d.tool_calls or []]
+    assert [(tc.index, tc.function.name) for tc in streamed_calls] == [(0, "get_weather")]  # type: ignore[union-attr]
+    assert "".join(d.content or "" for d in deltas) == "Let me check. "
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # without tools in the request the same text is just text
+    assert "<tool_call>" in (plain.choices[0].message.content or "")
+    assert plain.choices[0].message.tool_calls is None
+
+
+def test_tool_results_reach_the_engine_as_turns() -> None:
+    engine = ScriptedEngine([ScriptedReply(["It is 18 C in Paris."])])
+    messages: list[Any] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+    ]
+    with serving(engine) as (_, client):
+        client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
+    turns = engine.requests[0].messages
+    assert turns[1] == ChatMessage(
+        "assistant", "", (ToolCall("get_weather", '{"city": "Paris"}', "call_1"),)
+    )
+    assert turns[2] == ChatMessage("tool", "18 C", tool_call_id="call_1")
+
+
+def test_background_priority_is_passed_to_the_engine() -> None:
+    engine = ScriptedEngine()
+    with serving(engine) as (_, client):
+        client.chat.completions.create(model=MODEL, messages=USER)
+        client.chat.completions.create(
+            model=MODEL, messages=USER, extra_body={"priority": "background"}
+        )
+    assert [r.priority for r in engine.requests] == ["interactive", "background"]
+
+
+def test_models_health_and_metrics() -> None:
+    engine = ScriptedEngine([ScriptedReply(["one", " two"])])
+    with serving(engine, context_length=2048) as (server, client):
+        client.chat.completions.create(model=MODEL, messages=USER)
+        (listed,) = client.models.list().data
+        one = client.models.retrieve(MODEL)
+        health = httpx.get(server.url + "/health").json()
+        text = httpx.get(server.url + "/metrics").text
+    assert listed.id == one.id == MODEL
+    extra = listed.model_extra or {}
+    assert extra["context_length"] == 2048 and extra["npuchat"]["draft"] == "scripted-draft"
+    assert health["status"] == "ok" and health["running"] == 0
+    lines = dict(
+        line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+    assert lines['npuchat_requests_total{endpoint="/v1/chat/completions",status="200"}'] == "1"
+    assert lines["npuchat_completion_tokens_total"] == "2"
+    assert lines["npuchat_ttft_seconds_count"] == "1"
+    assert lines['npuchat_ttft_seconds_bucket{le="0.25"}'] == "1"
+    assert lines['npuchat_ttft_seconds_bucket{le="0.1"}'] == "0"
+    assert float(lines["npuchat_decode_tokens_per_second"]) > 0
+
+
+def test_api_key_is_required_when_set() -> None:
+    engine = ScriptedEngine()
+    with serving(engine, api_key="s3cret") as (server, client):
+        assert client.chat.completions.create(model=MODEL, messages=USER).choices  # type: ignore[arg-type]
+        wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cre", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        assert httpx.get(server.url + "/v1/models").status_code == 401
+        assert httpx.get(server.url + "/metrics").status_code == 401
+        basic = httpx.get(server.url + "/v1/models", headers={"Authorization": "Basic s3cret"})
+        assert basic.status_code == 401
+        assert httpx.get(server.url + "/health").status_code == 200
+    assert len(engine.requests) == 1
+
+
+def test_no_key_needed_on_loopback_without_one() -> None:
+    with serving(ScriptedEngine()) as (server, _):
+        assert httpx.get(server.url + "/v1/models").status_code == 200
+
+
+def test_serving_beyond_loopback_needs_a_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--host", "0.0.0.0"]) == 2
+    assert "--api-key" in capsys.readouterr().err
+    assert main(["serve", "--max-queue", "-1"]) == 2
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": USER, **fields}
+
+
+def test_full_queue_answers_429_with_retry_after() -> None:
+    held = ScriptedReply(["first"], hold_at=0)
+    engine = ScriptedEngine([held, ScriptedReply(["second"])])
+    with serving(engine, max_queue=1) as (server, client):
+        results: list[str] = []
+
+        def ask() -> None:
+            r = client.chat.completions.create(model=MODEL, messages=USER)
+            results.append(r.choices[0].message.content or "")
+
+        first = threading.Thread(target=ask)
+        first.start()
+        assert held.reached_hold.wait(5)
+        second = threading.Thread(target=ask)
+        second.start()
+        _wait(lambda: httpx.get(server.url + "/health").json()["waiting"] == 1, "a waiting one")
+        r = httpx.post(server.url + "/v1/chat/completions", json=_chat())
+        assert r.status_code == 429
+        assert int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        held.release.set()
+        first.join(10)
+        second.join(10)
+    assert sorted(results) == ["first", "second"]
+    assert len(engine.requests) == 2
+
+
+def test_disconnect_during_a_stream_cancels_the_reply() -> None:
+    reply = ScriptedReply(["a", "b", "c"], hold_at=1)
+    engine = ScriptedEngine([reply])
+    with serving(engine) as (server, _):
+        with httpx.stream(
+            "POST", server.url + "/v1/chat/completions", json=_chat(stream=True)
+        ) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert reply.reached_hold.wait(5)
+        _wait(lambda: engine.cancelled == 1, "the engine to see the cancel")
+        _wait(lambda: httpx.get(server.url + "/health").json()["running"] == 0, "a free slot")
+
+
+def test_disconnect_while_waiting_for_a_whole_reply_cancels_it() -> None:
+    reply = ScriptedReply(["a", "b"], hold_at=1)  # the first token is out, then it waits
+    engine = ScriptedEngine([reply])
+    with serving(engine) as (server, _):
+        body = json.dumps(_chat()).encode()
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert reply.reached_hold.wait(5)
+        _wait(lambda: engine.cancelled == 1, "the engine to see the cancel")
+        _wait(lambda: httpx.get(server.url + "/health").json()["running"] == 0, "a free slot")
