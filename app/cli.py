@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="model to chat with (see `npuchat models`)")
     parser.add_argument("--draft", help="draft model for speculative decoding: NAME, none, lookup")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="where the model runs")
+    parser.add_argument("--server", help="chat with an OpenAI-compatible server at this URL")
+    parser.add_argument("--api-key", dest="server_api_key", help="the server's API key")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("paths", help="show where npuchat keeps config, data, cache and models")

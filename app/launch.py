@@ -28,11 +28,18 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
         draft=args.draft if args.draft is not None else ctx.settings.draft,
         device=args.device or ctx.settings.device,
     )
-    ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
-    check_draft(settings.draft)
-    pick_device(settings.device)
+    if args.server:  # a served engine: nothing to pull or load here
+        from .openai_engine import base_url, remote_loader
+
+        base_url(args.server)  # a malformed URL fails here, before the screen opens
+        loader = remote_loader(args.server, args.server_api_key, args.model)
+    else:
+        ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
+        check_draft(settings.draft)
+        pick_device(settings.device)
+        loader = make_loader(ctx)
     store = ConversationStore.open(ctx.paths.database_file)
     try:
-        return run_app(settings, store, make_loader(ctx), config_path=ctx.paths.config_file)
+        return run_app(settings, store, loader, config_path=ctx.paths.config_file)
     finally:
         store.close()

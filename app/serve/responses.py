@@ -99,13 +99,13 @@ class _Shape:
 class ChatShape(_Shape):
     """`chat.completion` and `chat.completion.chunk` objects."""
 
-    tools: bool = False
+    tools: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
 
     def whole(self, reply: Reply) -> dict[str, Any]:
-        content, calls = split_reply(reply.text) if self.tools else (reply.text, [])
+        content, calls = split_reply(reply.text, self.tools) if self.tools else (reply.text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]

@@ -222,7 +222,8 @@ class Prepared:
     request: ChatRequest
     stream: bool
     include_usage: bool
-    tools: bool
+    tools: frozenset[str]
+    """Names of the tools offered (empty: no tool calls are parsed)."""
 
 
 def _tool_call(call: ToolCallIn) -> ToolCall:
@@ -287,7 +288,7 @@ def prepare_chat(body: ChatCompletionIn, context_length: int, conversation: str)
         priority=body.priority,
         tools=tools,
     )
-    return Prepared(request, body.stream, body.include_usage, bool(tools))
+    return Prepared(request, body.stream, body.include_usage, frozenset(t.name for t in tools))
 
 
 def prepare_completion(body: CompletionIn, context_length: int, conversation: str) -> Prepared:
@@ -302,4 +303,4 @@ def prepare_completion(body: CompletionIn, context_length: int, conversation: st
         priority=body.priority,
         raw_prompt=body.text(),
     )
-    return Prepared(request, body.stream, body.include_usage, False)
+    return Prepared(request, body.stream, body.include_usage, frozenset())

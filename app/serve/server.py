@@ -140,11 +140,14 @@ class Server:
         )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
+        self._port: int | None = None
 
     @property
     def port(self) -> int:
-        sockets = [s for server in self._server.servers for s in server.sockets]
-        return int(sockets[0].getsockname()[1])
+        if self._port is None:
+            sockets = [s for server in self._server.servers for s in server.sockets]
+            self._port = int(sockets[0].getsockname()[1])
+        return self._port
 
     @property
     def url(self) -> str:
@@ -168,6 +171,7 @@ class Server:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
+        _ = self.port  # read while the socket is open
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:

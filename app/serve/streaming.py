@@ -66,7 +66,7 @@ async def chat_chunks(
     done: Callable[[Reply], None],
 ) -> AsyncIterator[bytes]:
     reply = Reply()
-    splitter = ToolCallSplitter() if shape.tools else None
+    splitter = ToolCallSplitter(shape.tools) if shape.tools else None
     calls = 0
 
     def pieces(text: str, final: bool = False) -> list[bytes]:

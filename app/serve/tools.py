@@ -2,8 +2,10 @@
 
 Qwen2.5's template (and Hermes-style ones) tells the model to answer a tool request with
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; this module turns those blocks into
-OpenAI `tool_calls` and leaves the rest as content. A block whose JSON does not parse, or that
-lacks a name, stays text: a wrong tool call is worse than showing what the model wrote.
+OpenAI `tool_calls` and leaves the rest as content. Small models often drop the tags and
+answer with the bare object (qwen2.5-coder-0.5b does): a reply that is nothing but one such
+object naming one of the request's tools is a call too. A block whose JSON does not parse, or
+that lacks a name, stays text: a wrong tool call is worse than showing what the model wrote.
 """
 
 from __future__ import annotations
@@ -46,15 +48,22 @@ class ToolCallSplitter:
     """Splits streamed reply text into content and tool calls as the text arrives.
 
     Text that could be the start of `<tool_call>` is held back until it is clearly not;
-    inside a block everything waits for `</tool_call>`.
+    inside a block everything waits for `</tool_call>`. A reply that opens with `{` is held
+    whole: it may be a bare call, known only at its end.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+        self._names = names
         self._buffer = ""
         self._inside = False
+        self._bare: bool | None = None if names else False  # None: not known yet
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
+        if self._bare is None and self._buffer.strip():
+            self._bare = self._buffer.lstrip().startswith("{")
+        if self._bare is not False:
+            return []
         out: list[Piece] = []
         while True:
             if self._inside:
@@ -82,6 +91,12 @@ class ToolCallSplitter:
     def flush(self) -> list[Piece]:
         """The end of the reply: an unclosed block is still a call if its JSON is whole."""
         rest, self._buffer = self._buffer, ""
+        if self._bare:
+            self._bare = False
+            call = parse_call(rest.strip())
+            if call is not None and call.name in self._names:
+                return [Piece(call=call)]
+            return self.feed(rest) + self.flush()
         if self._inside:
             self._inside = False
             return [self._block(rest)]
@@ -101,9 +116,9 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_reply(text: str) -> tuple[str, list[ToolCall]]:
-    """(content, tool calls) of a whole reply."""
-    splitter = ToolCallSplitter()
+def split_reply(text: str, names: frozenset[str] = frozenset()) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole reply; `names`: the request's tools (for bare calls)."""
+    splitter = ToolCallSplitter(names)
     pieces = splitter.feed(text) + splitter.flush()
     content = "".join(p.text for p in pieces)
     calls = [p.call for p in pieces if p.call is not None]

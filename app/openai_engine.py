@@ -1,0 +1,312 @@
+"""A `ChatEngine` that is a client of any OpenAI-compatible server (`npuchat --server URL`).
+
+npuchat serve, llama-server, vLLM and ollama all stream `/v1/chat/completions` as server-sent
+events; this engine turns those chunks into the port's events, so the app chats with a served
+model exactly as with a local one. What the client can measure it measures itself (TTFT from
+sending the request, the decode rate from the chunks' arrival); when the server is npuchat, the
+figures only the server knows (prefill rate, reused tokens, draft acceptance, KV fill) come from
+the `npuchat` field of its last chunk. Cancel closes the connection at once, which an npuchat
+server (and llama-server) takes as a cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from npuchat.app.engine_port import EngineLoader, EngineSpec, ProgressCallback
+from npuchat.engine.chat_template import template_messages, template_tools
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.events import (
+    Cancelled,
+    ChatRequest,
+    Event,
+    Failed,
+    FailureKind,
+    Finished,
+    Metrics,
+    MetricsUpdate,
+    StopReason,
+    TokenDelta,
+)
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 600.0  # a long prefill on a slow server sends nothing for a while
+METRICS_INTERVAL_S = 0.1
+_STOP_REASONS: dict[str, StopReason] = {"stop": "eos", "length": "max_tokens", "tool_calls": "eos"}
+
+
+@dataclass(frozen=True)
+class ServerModel:
+    id: str
+    context_length: int = 0
+    draft: str = ""
+    device: str = ""
+    npuchat: bool = False
+
+
+def base_url(url: str) -> str:
+    """`http://host:8080`, `…/v1` or `…/v1/` → the `/v1` base every endpoint hangs off."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise NpuchatError(f"--server {url}: give an http:// or https:// URL")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or response.text[:200] or response.reason_phrase)
+
+
+def _kind(status: int) -> FailureKind:
+    return "busy" if status in (429, 503) else "invalid" if 400 <= status < 500 else "error"
+
+
+def remote_loader(url: str, api_key: str | None, model: str | None) -> EngineLoader:
+    """An EngineLoader for the app: every spec is served by the server (its `model`, or the
+    first it lists); nothing is pulled or loaded here."""
+
+    def load(spec: EngineSpec, progress: ProgressCallback) -> OpenAIEngine:
+        progress(f"connecting to {url}", 0.0)
+        return OpenAIEngine(url, api_key=api_key, model=model)
+
+    return load
+
+
+def _models(client: httpx.Client, url: str) -> list[ServerModel]:
+    try:
+        response = client.get("/models")
+    except httpx.HTTPError as exc:
+        raise NpuchatError(f"cannot reach {url}: {exc}; is the server running?") from None
+    if response.status_code == 401:
+        raise NpuchatError(f"{url} wants an API key: give --api-key KEY")
+    if response.status_code != 200:
+        raise NpuchatError(
+            f"{url}/models answered {response.status_code}: {_error_message(response)}"
+        )
+    out = []
+    for item in response.json().get("data", []):
+        ext = item.get("npuchat") or {}
+        meta = item.get("meta") or {}
+        out.append(
+            ServerModel(
+                id=str(item["id"]),
+                context_length=int(item.get("context_length") or meta.get("n_ctx") or 0),
+                draft=str(ext.get("draft") or ""),
+                device=str(ext.get("device") or ""),
+                npuchat="npuchat" in item,
+            )
+        )
+    return out
+
+
+class OpenAIEngine:
+    """The port over HTTP. Several threads may call `generate` at once: each reply is its own
+    request, and the server decides whether to run them together or answer 429 (→ busy)."""
+
+    def __init__(self, url: str, *, api_key: str | None = None, model: str | None = None) -> None:
+        self.url = base_url(url)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        try:
+            models = _models(self._client, self.url)
+            if not models:
+                raise NpuchatError(f"{self.url} serves no models")
+            chosen = next((m for m in models if m.id == model), None) if model else models[0]
+            if chosen is None:
+                names = ", ".join(m.id for m in models)
+                raise NpuchatError(f"{self.url} does not serve {model}; it serves {names}")
+        except BaseException:
+            self._client.close()
+            raise
+        self.served = chosen
+        self._host = urlsplit(self.url).netloc
+
+    @property
+    def model_name(self) -> str:
+        return self.served.id
+
+    @property
+    def draft_name(self) -> str:
+        return self.served.draft
+
+    @property
+    def device(self) -> str:
+        where = f"{self.served.device} at " if self.served.device else ""
+        return f"{where}{self._host}"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _body(self, request: ChatRequest) -> tuple[str, dict[str, Any]]:
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": self.served.id,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_tokens": s.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if self.served.npuchat:  # extensions only where the server is known to take them
+            body |= {"top_k": s.top_k, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty}
+            body["priority"] = request.priority
+        if request.raw_prompt is not None:
+            return "/completions", body | {"prompt": request.raw_prompt}
+        body["messages"] = template_messages(request.system_prompt, request.messages)
+        for m in body["messages"]:
+            for call in m.get("tool_calls", ()):
+                call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+        if tools := template_tools(request.tools):
+            body["tools"] = tools
+        return "/chat/completions", body
+
+    def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
+        path, body = self._body(request)
+        t_request = time.perf_counter()
+        try:
+            with self._client.stream("POST", path, json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    yield Failed(_error_message(response), _kind(response.status_code))
+                    return
+                yield from _Reply(self, response, cancel, t_request).events()
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            if cancel.is_set():
+                yield Cancelled(Metrics(model=self.served.id, device=self.device))
+            else:
+                yield Failed(f"the server at {self._host} failed: {exc}")
+
+
+class _Reply:
+    """One streamed reply: chunks in, events out, figures measured on the way."""
+
+    def __init__(
+        self, engine: OpenAIEngine, response: httpx.Response, cancel: threading.Event, t0: float
+    ) -> None:
+        self.response = response
+        self.cancel = cancel
+        self.t0 = t0
+        self.t_first = 0.0
+        self.chunks = 0
+        self.usage: dict[str, Any] = {}
+        self.server: dict[str, Any] = {}
+        self.base = Metrics(
+            model=engine.served.id,
+            draft=engine.served.draft,
+            device=engine.device,
+            kv_max_capacity=engine.served.context_length,
+        )
+
+    def metrics(self) -> Metrics:
+        now = time.perf_counter()
+        tokens = int(self.usage.get("completion_tokens") or self.chunks)
+        decode_s = now - self.t_first
+        m = replace(
+            self.base,
+            ttft_s=self.t_first - self.t0 if self.t_first else 0.0,
+            decode_tokens=max(0, tokens - 1),
+            decode_tps=(tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
+        )
+        if self.usage:
+            cached = int((self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            prompt = int(self.usage.get("prompt_tokens") or 0)
+            m = replace(m, prefill_tokens=prompt - cached, reused_tokens=cached)
+        s = self.server
+        if s:  # the figures only an npuchat server knows
+            m = replace(
+                m,
+                prefill_tps=float(s.get("prefill_tps", 0.0)),
+                drafted=int(s.get("drafted", 0)),
+                accepted=int(s.get("accepted", 0)),
+                kv_used=int(s.get("kv_used", 0)),
+                kv_capacity=int(s.get("kv_capacity", 0)),
+                draft=str(s.get("draft") or m.draft),
+            )
+        return m
+
+    def _watch_cancel(self, done: threading.Event) -> None:
+        """Close the connection the moment cancel is set, even mid-prefill (no chunk to wake)."""
+        while not done.is_set():
+            if self.cancel.wait(0.05):
+                self.response.close()
+                return
+
+    def events(self) -> Iterator[Event]:
+        done = threading.Event()
+        threading.Thread(target=self._watch_cancel, args=(done,), daemon=True).start()
+        finish: str | None = None
+        last_emit = 0.0
+        try:
+            for line in self.response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    error = chunk["error"]
+                    message = error.get("message") if isinstance(error, dict) else error
+                    yield Failed(str(message))
+                    return
+                self.usage = chunk.get("usage") or self.usage
+                self.server = chunk.get("npuchat") or self.server
+                for choice in chunk.get("choices") or []:
+                    text = _choice_text(choice)
+                    if text:
+                        if not self.t_first:
+                            self.t_first = time.perf_counter()
+                        self.chunks += 1
+                        yield TokenDelta(text)
+                    finish = choice.get("finish_reason") or finish
+                now = time.perf_counter()
+                if self.t_first and now - last_emit >= METRICS_INTERVAL_S:
+                    last_emit = now
+                    yield MetricsUpdate(self.metrics())
+        except (httpx.HTTPError, httpx.StreamError, ValueError) as exc:
+            if not self.cancel.is_set():
+                yield Failed(f"the server's reply broke off: {exc}")
+                return
+        finally:
+            done.set()
+        metrics = self.metrics()
+        yield MetricsUpdate(metrics)
+        if self.cancel.is_set():
+            yield Cancelled(metrics)
+        elif finish is None:
+            yield Failed("the server ended the reply without saying why")
+        else:
+            yield Finished(_STOP_REASONS.get(finish, "eos"), metrics)
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    """Content of a chat delta or a completion chunk; tool calls as the text that asked for them."""
+    if "text" in choice:
+        return str(choice.get("text") or "")
+    delta = choice.get("delta") or {}
+    text = str(delta.get("content") or "")
+    for call in delta.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments") or "{}"
+        text += f'<tool_call>{{"name": "{fn.get("name", "")}", "arguments": {args}}}</tool_call>'
+    return text

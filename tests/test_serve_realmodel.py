@@ -1,0 +1,111 @@
+"""`npuchat serve` on real models, a few tokens each, through the `openai` client: replies equal
+the engine's own (asked directly, on a second session that sees the same requests in the same
+order), and qwen2.5-coder-0.5b's answer to a tool request comes back as a tool call."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from serve_helpers import serving
+
+from npuchat.engine.events import (
+    ChatMessage,
+    ChatRequest,
+    SamplingParams,
+    TokenDelta,
+)
+from npuchat.engine.session import ChatSession
+
+pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "the city"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _open(path: Path, cache: Path, name: str) -> ChatSession:
+    return ChatSession.open(path, name=name, cache_dir=cache, capacities=[512], threads=2)
+
+
+def _text(session: ChatSession, request: ChatRequest) -> str:
+    events = session.generate(request, threading.Event())
+    return "".join(e.text for e in events if isinstance(e, TokenDelta))
+
+
+def test_smollm2_chat_stream_and_completion_equal_the_engine(
+    real_gguf: Callable[[str], Path], tmp_path: Path
+) -> None:
+    path = real_gguf("smollm2-135m")
+    served = _open(path, tmp_path / "cache", "smollm2-135m")
+    reference = _open(path, tmp_path / "cache", "smollm2-135m")
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    try:
+        with serving(served, context_length=512) as (_, client):
+            ask = ChatRequest("r", "Be brief.", (ChatMessage("user", "What is 2+2?"),), greedy)
+            r = client.chat.completions.create(
+                model="smollm2-135m",
+                messages=[
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "What is 2+2?"},
+                ],
+                temperature=0,
+                max_tokens=8,
+            )
+            assert r.choices[0].message.content == _text(reference, ask)
+            assert r.usage is not None and r.usage.completion_tokens <= 8
+
+            ask = ChatRequest("r", "", (ChatMessage("user", "Name a colour."),), greedy)
+            stream = client.chat.completions.create(
+                model="smollm2-135m",
+                messages=[{"role": "user", "content": "Name a colour."}],
+                temperature=0,
+                max_tokens=8,
+                stream=True,
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert text == _text(reference, ask)
+
+            ask = ChatRequest("r", "", (), greedy, raw_prompt="The capital of France is")
+            c = client.completions.create(
+                model="smollm2-135m", prompt="The capital of France is", max_tokens=8, temperature=0
+            )
+            assert c.choices[0].text == _text(reference, ask)
+            assert "Paris" in c.choices[0].text
+    finally:
+        served.close()
+        reference.close()
+
+
+def test_qwen_tool_request_comes_back_as_a_tool_call(
+    real_gguf: Callable[[str], Path], tmp_path: Path
+) -> None:
+    session = _open(real_gguf("qwen2.5-coder-0.5b"), tmp_path / "cache", "qwen2.5-coder-0.5b")
+    try:
+        with serving(session, context_length=512) as (_, client):
+            r = client.chat.completions.create(
+                model="qwen2.5-coder-0.5b",
+                messages=[{"role": "user", "content": "What is the weather like in Paris?"}],
+                tools=[WEATHER],  # type: ignore[list-item]
+                temperature=0,
+                max_tokens=40,
+            )
+    finally:
+        session.close()
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]

@@ -1,0 +1,51 @@
+"""Tool calls read back from model text: Qwen2.5's tagged blocks, bare objects, and streaming
+(fed a character at a time) giving the same split as the whole text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npuchat.app.serve.tools import ToolCallSplitter, split_reply
+
+NAMES = frozenset({"get_weather", "lookup"})
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        (f"<tool_call>\n{CALL}\n</tool_call>", "", [("get_weather", {"city": "Paris"})]),
+        (
+            f"Sure.\n<tool_call>\n{CALL}\n</tool_call>\n<tool_call>"
+            '{"name": "lookup", "arguments": {"word": "fox"}}</tool_call>',
+            "Sure.",
+            [("get_weather", {"city": "Paris"}), ("lookup", {"word": "fox"})],
+        ),
+        (CALL, "", [("get_weather", {"city": "Paris"})]),  # bare, as small models write it
+        ('{"name": "rm_rf", "arguments": {}}', '{"name": "rm_rf", "arguments": {}}', []),
+        ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
+        ("a < b and <tool", "a < b and <tool", []),
+        (f"<tool_call>{CALL}", "", [("get_weather", {"city": "Paris"})]),  # ended by EOS
+        ("{}", "{}", []),
+    ],
+)
+def test_split_whole_and_streamed(
+    text: str, content: str, calls: list[tuple[str, dict[str, str]]]
+) -> None:
+    got_content, got_calls = split_reply(text, NAMES)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
+    assert all(c.id.startswith("call_") for c in got_calls)
+    splitter = ToolCallSplitter(NAMES)
+    pieces = [p for ch in text for p in splitter.feed(ch)] + splitter.flush()
+    streamed = "".join(p.text for p in pieces)
+    assert (streamed.strip() if calls else streamed) == content
+    assert [p.call.name for p in pieces if p.call] == [name for name, _ in calls]
+
+
+def test_plain_text_streams_without_waiting() -> None:
+    splitter = ToolCallSplitter(NAMES)
+    assert [p.text for p in splitter.feed("Hello there")] == ["Hello there"]
+    assert [p.text for p in splitter.feed(" <tool")] == [" "]
