@@ -111,7 +111,7 @@ PHI3_CHAT_TEMPLATE = (
 
 # Qwen2.5's chat template, copied from the qwen2.5-coder-0.5b GGUF (`tokenizer.chat_template`):
 # tools go into the system block, calls come back as <tool_call>{json}</tool_call>.
-QWEN25_TOOL_TEMPLATE = (Path(__file__).parent / "data" / "qwen2.5_chat_template.jinja").read_text()
+QWEN25_TOOL_TEMPLATE = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
 
 # Per-arch hyperparameters in the spirit of the real models (SmolLM2, Qwen2.5, Phi-3).
 _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -19,6 +19,7 @@ from npuchat.engine.events import (
     ChatMessage,
     ChatRequest,
     Priority,
+    Role,
     SamplingParams,
     ToolCall,
     ToolSpec,
@@ -198,7 +199,7 @@ class CompletionIn(_Sampling):
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
-def _error_param(error: dict[str, Any]) -> str:
+def _error_param(error: Any) -> str:
     return ".".join(str(p) for p in error.get("loc", ())) or "body"
 
 
@@ -226,6 +227,9 @@ class Prepared:
     """Names of the tools offered (empty: no tool calls are parsed)."""
 
 
+_TURN_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "tool": "tool"}
+
+
 def _tool_call(call: ToolCallIn) -> ToolCall:
     args = call.function.arguments
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
@@ -248,7 +252,7 @@ def _messages(body: ChatCompletionIn) -> tuple[str, tuple[ChatMessage, ...]]:
                 )
             system.append(m.text())
             continue
-        role: Literal["user", "assistant", "tool"] = m.role
+        role = _TURN_ROLES[m.role]
         calls = tuple(_tool_call(c) for c in m.tool_calls or ())
         turns.append(ChatMessage(role, m.text(), calls, m.tool_call_id or ""))
     if not turns:
