@@ -177,3 +177,12 @@ def test_the_app_chats_with_a_served_engine(store: ConversationStore) -> None:
         ("assistant", "Served hello"),
     ]
     assert msgs[1].metrics is not None and msgs[1].metrics.model == "scripted-1b"
+
+
+def test_server_flag_checks_the_url_before_the_app_opens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from npuchat.app.cli import main
+
+    assert main(["--server", "localhost:8080"]) == 2
+    assert "http://" in capsys.readouterr().err

@@ -162,6 +162,21 @@ def test_tool_results_reach_the_engine_as_turns() -> None:
     assert turns[2] == ChatMessage("tool", "18 C", tool_call_id="call_1")
 
 
+def test_turns_of_one_chat_share_a_conversation_id() -> None:
+    engine = ScriptedEngine()
+    first = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+    later = [*first, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "?"}]
+    other = [{"role": "system", "content": "S"}, {"role": "user", "content": "Bye"}]
+    with serving(engine) as (_, client):
+        for messages in (first, later, other):
+            client.chat.completions.create(model=MODEL, messages=messages)  # type: ignore[arg-type]
+        client.chat.completions.create(
+            model=MODEL, messages=USER, extra_body={"conversation_id": "mine"}
+        )
+    ids = [r.conversation_id for r in engine.requests]
+    assert ids[0] == ids[1] != ids[2] and ids[3] == "mine"
+
+
 def test_background_priority_is_passed_to_the_engine() -> None:
     engine = ScriptedEngine()
     with serving(engine) as (_, client):

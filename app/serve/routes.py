@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
-import secrets
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -183,9 +183,18 @@ async def _run(
         raise
 
 
-def _conversation(body: Any) -> str:
-    given = body.get("conversation_id") if isinstance(body, dict) else None
-    return given if isinstance(given, str) and given else "http-" + secrets.token_hex(8)
+def _conversation(given: str | None, prepared: Prepared) -> str:
+    """Which conversation a request continues, so the engine can keep its KV together.
+
+    HTTP is stateless: a client may name it (`conversation_id`, an npuchat extension);
+    otherwise a chat is known by its system prompt and first user message, which every later
+    turn repeats, and a completion by the start of its prompt."""
+    if given:
+        return given
+    r = prepared.request
+    first = r.raw_prompt[:256] if r.raw_prompt is not None else r.messages[0].content
+    key = json.dumps([r.system_prompt, first, r.raw_prompt is not None])
+    return "http-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 async def chat_completions(request: Request) -> Response:
@@ -193,7 +202,8 @@ async def chat_completions(request: Request) -> Response:
     raw = await read_json(request, service.max_body_bytes)
     body = parse(ChatCompletionIn, raw)
     _check_model(service, body.model)
-    prepared = prepare_chat(body, service.model.context_length, _conversation(raw))
+    prepared = prepare_chat(body, service.model.context_length)
+    prepared = prepared.named(_conversation(body.conversation_id, prepared))
     shape = ChatShape(service.model.id, tools=prepared.tools)
     return await _run(
         request,
@@ -211,7 +221,8 @@ async def completions(request: Request) -> Response:
     raw = await read_json(request, service.max_body_bytes)
     body = parse(CompletionIn, raw)
     _check_model(service, body.model)
-    prepared = prepare_completion(body, service.model.context_length, _conversation(raw))
+    prepared = prepare_completion(body, service.model.context_length)
+    prepared = prepared.named(_conversation(body.conversation_id, prepared))
     shape = TextShape(service.model.id)
     return await _run(
         request,

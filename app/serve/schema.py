@@ -10,7 +10,7 @@ context) are refused here, before a request is queued.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -114,7 +114,7 @@ class StreamOptions(_Model):
 
 class _Sampling(_Model):
     """Sampling fields shared by both endpoints; `top_k`, `min_p`, `repeat_penalty` are
-    llama-server's extensions, `priority` is npuchat's."""
+    llama-server's extensions, `priority` and `conversation_id` are npuchat's."""
 
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -129,6 +129,7 @@ class _Sampling(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: Priority = "interactive"
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("n")
     @classmethod
@@ -226,6 +227,9 @@ class Prepared:
     tools: frozenset[str]
     """Names of the tools offered (empty: no tool calls are parsed)."""
 
+    def named(self, conversation_id: str) -> Prepared:
+        return replace(self, request=replace(self.request, conversation_id=conversation_id))
+
 
 _TURN_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -280,12 +284,12 @@ def _tools(body: ChatCompletionIn) -> tuple[ToolSpec, ...]:
     )
 
 
-def prepare_chat(body: ChatCompletionIn, context_length: int, conversation: str) -> Prepared:
+def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     system, turns = _messages(body)
     tools = _tools(body)
     max_tokens = body.max_completion_tokens or body.max_tokens or context_length
     request = ChatRequest(
-        conversation_id=conversation,
+        conversation_id="",
         system_prompt=system,
         messages=turns,
         sampling=body.sampling(max_tokens, context_length),
@@ -295,12 +299,12 @@ def prepare_chat(body: ChatCompletionIn, context_length: int, conversation: str)
     return Prepared(request, body.stream, body.include_usage, frozenset(t.name for t in tools))
 
 
-def prepare_completion(body: CompletionIn, context_length: int, conversation: str) -> Prepared:
+def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
     if body.echo:
         raise ApiError(400, "echo: not supported", param="echo")
     max_tokens = body.max_tokens or 16  # OpenAI's default for /v1/completions
     request = ChatRequest(
-        conversation_id=conversation,
+        conversation_id="",
         system_prompt="",
         messages=(),
         sampling=body.sampling(max_tokens, context_length),
