@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from npuchat.engine.devices import DEVICE_CHOICES
+
 DEFAULT_MAX_QUEUE = 16
 
 
@@ -13,7 +15,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft", dest="serve_draft", help="speculative drafts: lookup, NAME, default, none"
     )
-    p.add_argument("--device", dest="serve_device", choices=["npu", "cpu", "auto"])
+    p.add_argument("--device", dest="serve_device", choices=DEVICE_CHOICES)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (needed beyond loopback)")

@@ -9,10 +9,11 @@ import sys
 
 from rich.console import Console
 
+from npuchat.engine.devices import pick_device
 from npuchat.engine.errors import NpuchatError
 
 from ..context import AppContext
-from ..engine_factory import check_draft, open_engine, resolve_device
+from ..engine_factory import check_draft, open_engine
 from ..engine_port import EngineSpec
 from ..progress import RichPullProgress
 from .auth import check_bind
@@ -43,7 +44,7 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     device = args.serve_device or ctx.settings.device
     ctx.catalog.get(model)
     check_draft(draft)
-    resolve_device(device)
+    pick_device(device)
     err = Console(stderr=True)
     engine = open_engine(ctx, EngineSpec(model, draft, device), pull_progress=RichPullProgress(err))
     try:
