@@ -47,6 +47,13 @@ _WORD_LIST = (  # one word per prompt
     "Octopus Piano Rabbit Shovel Tomato Unicorn Volcano Wagon Beetle Cherry Donkey Emerald "
     "Fountain Giraffe Hive Iris Jelly Lobster Mango Nutmeg Olive Penguin Raven Spider Turtle "
     "Vulture Walnut Badger Cobra Daisy "
+    "Bicycle Compass Dinosaur Elephant Flamingo Gorilla Hamster Iceberg Jaguar Kangaroo "
+    "Lighthouse Mushroom Nightingale Ostrich Pyramid Raccoon Satellite Telescope Uranium "
+    "Vineyard Waterfall Xylophone Asteroid Blizzard Canyon Diamond Eclipse Fossil Geyser "
+    "Hurricane Jellyfish Kiwi Lava Monsoon Nebula Oasis Pebble Quasar Rainbow Sapphire Tornado "
+    "Whale Avocado Broccoli Cinnamon Dumpling Espresso Fig Garlic Hazelnut Ivory Jasmine "
+    "Licorice Marble Nickel Oyster Pumpkin Radish Saffron Tulip Vanilla Wasp Zinc Bamboo "
+    "Copper Denim Ember Flute Granite Harp Indigo Juniper Kayak Lotus Moss Nylon Opal Pine "
 )
 WORDS = _WORD_LIST.split()
 
