@@ -13,6 +13,7 @@ from rich.table import Table
 
 from npuchat.engine.catalog import CatalogEntry, check_name, describe_gguf
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.gguf_reader import check_regular_file
 from npuchat.engine.hashing import sha256_file
 from npuchat.engine.pull import pull
 
@@ -137,9 +138,9 @@ def _default_name(path: Path) -> str:
 
 
 def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -> int:
-    path = Path(file).expanduser().resolve()
-    if not path.is_file():
-        raise NpuchatError(f"no such file: {path}; give the path of a .gguf file")
+    path = Path(file).expanduser().absolute()
+    check_regular_file(path)  # a folder, a device or a symlink loop, named as such
+    path = path.resolve()
     name = check_name(name or _default_name(path))
     existing = ctx.catalog.entries.get(name)
     builtin = existing if existing is not None and existing.builtin else None

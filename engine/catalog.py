@@ -195,7 +195,22 @@ class Catalog:
             raise ModelNotInstalledError(
                 f"model {name!r} is not installed; run `npuchat pull {name}`"
             )
-        return self.file_path(entry)
+        path = self.file_path(entry)
+        if entry.path is not None and entry.sha256:
+            self._check_content(entry, path)
+        return path
+
+    def _check_content(self, entry: CatalogEntry, path: Path) -> None:
+        """An imported file's bytes against the sha256 recorded at import. Hashed once per
+        change of size or mtime (the digest is cached beside the graphs), so a file damaged or
+        replaced in place is refused instead of producing garbage."""
+        from .runtime import model_sha256  # ONNX Runtime is only needed once a model loads
+
+        if model_sha256(path, self.paths.cache_dir) != entry.sha256:
+            raise IntegrityError(
+                f"{path} changed since it was imported (its sha256 no longer matches); if the"
+                f" change is intended, run `npuchat import {path} --name {entry.name}` again"
+            )
 
 
 def check_name(name: str) -> str:

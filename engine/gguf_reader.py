@@ -8,7 +8,10 @@ opening any of our models takes well under a second. Tensor *decoding* is left t
 
 from __future__ import annotations
 
+import errno
+import math
 import mmap
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +43,15 @@ _SCALARS: dict[int, tuple[str, str]] = {
 }
 _STRING, _ARRAY = 8, 9
 
+# Limits checked before anything is allocated. The largest real vocabularies hold ~262k tokens
+# and ~500k merges; GGML tensors have at most 4 dimensions.
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_ARRAY_ELEMENTS = 1 << 21
+MAX_ARRAY_DEPTH = 2
+MAX_DIMS = 4
+MAX_ALIGNMENT = 1 << 20
+
 
 class GGUFFormatError(NpuchatError):
     """The file is not a readable GGUF (truncated, wrong magic, unknown value type)."""
@@ -57,7 +69,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)
 
 
 class _Cursor:
@@ -84,7 +96,7 @@ class _Cursor:
         n = self.scalar("<Q")
         return self.take(n).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype][0])
         if vtype == _STRING:
@@ -94,10 +106,31 @@ class _Cursor:
             count = self.scalar("<Q")
             if etype in _SCALARS:
                 dtype = np.dtype(_SCALARS[etype][1])
-                raw = self.take(dtype.itemsize * count)
+                raw = self.take(dtype.itemsize * count)  # bounded by the file's size
                 return np.frombuffer(raw, dtype=dtype).copy()
-            return [self.value(etype) for _ in range(count)]
+            if depth >= MAX_ARRAY_DEPTH:
+                raise GGUFFormatError(
+                    f"{self.path}: arrays nested deeper than {MAX_ARRAY_DEPTH}; not a model file"
+                )
+            # Each element costs Python objects far larger than its bytes: bound the count
+            # before the loop, so a sparse file of zeros cannot become gigabytes of strings.
+            if count > MAX_ARRAY_ELEMENTS or count * 8 > len(self.buf) - self.pos:
+                raise GGUFFormatError(
+                    f"{self.path}: a metadata array claims {count} elements (at most"
+                    f" {MAX_ARRAY_ELEMENTS} fit a model file); the file is damaged"
+                )
+            return [self.value(etype, depth + 1) for _ in range(count)]
         raise GGUFFormatError(f"{self.path}: unknown GGUF value type {vtype}; is it a GGUF file?")
+
+    def count(self, what: str, limit: int, min_bytes: int) -> int:
+        """A count from the header, refused if it cannot fit the file or the limit."""
+        n = self.scalar("<Q")
+        if n > limit or n * min_bytes > len(self.buf) - self.pos:
+            raise GGUFFormatError(
+                f"{self.path}: the header claims {n} {what} (at most {limit}, and each needs"
+                f" {min_bytes}+ bytes); the file is damaged or not a model"
+            )
+        return int(n)
 
 
 class GGUFFile:
@@ -105,8 +138,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise NpuchatError(f"no such file: {self.path}")
+        check_regular_file(self.path)
         with open(self.path, "rb") as f:
             try:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -118,8 +150,8 @@ class GGUFFile:
         self.version = cur.scalar("<I")
         if self.version not in (2, 3):
             raise GGUFFormatError(f"{self.path}: GGUF version {self.version} is not supported")
-        n_tensors = cur.scalar("<Q")
-        n_kv = cur.scalar("<Q")
+        n_tensors = cur.count("tensors", MAX_TENSORS, 24)
+        n_kv = cur.count("metadata entries", MAX_KV, 12)
         meta: dict[str, Any] = {}
         for _ in range(n_kv):
             key = cur.string()
@@ -129,11 +161,27 @@ class GGUFFile:
         for _ in range(n_tensors):
             name = cur.string()
             n_dims = cur.scalar("<I")
+            if n_dims > MAX_DIMS:
+                raise GGUFFormatError(
+                    f"{self.path}: tensor {name} has {n_dims} dimensions (GGUF allows"
+                    f" {MAX_DIMS}); the file is damaged"
+                )
             dims = tuple(cur.scalar("<Q") for _ in range(n_dims))
             ttype = cur.scalar("<I")
             offset = cur.scalar("<Q")
             raw_infos.append((name, dims, ttype, offset))
-        align = int(meta.get("general.alignment", 32))
+        align = meta.get("general.alignment", 32)
+        if (
+            not isinstance(align, int | np.integer)
+            or isinstance(align, bool)
+            or not 0 < int(align) <= MAX_ALIGNMENT
+            or int(align) & (int(align) - 1)
+        ):
+            raise GGUFFormatError(
+                f"{self.path}: general.alignment = {align!r} is not a power of two up to"
+                f" {MAX_ALIGNMENT}; the file is damaged"
+            )
+        align = int(align)
         data_start = (cur.pos + align - 1) // align * align
         tensors: dict[str, TensorInfo] = {}
         for name, dims, ttype, offset in raw_infos:
@@ -144,7 +192,12 @@ class GGUFFile:
                     f"{self.path}: tensor {name} has unknown type {ttype}"
                 ) from exc
             block, type_size = GGML_QUANT_SIZES[gtype]
-            n_el = int(np.prod(dims)) if dims else 1
+            n_el = math.prod(dims)
+            if n_el * type_size // block > len(self._map) or (dims and dims[0] % block):
+                raise GGUFFormatError(
+                    f"{self.path}: tensor {name} has shape {list(dims)}, which is larger than"
+                    f" the file or not whole {gtype.name} blocks; the file is damaged"
+                )
             n_bytes = n_el // block * type_size
             start = data_start + offset
             if start + n_bytes > len(self._map):
@@ -231,40 +284,97 @@ class ModelConfig:
                 raise UnsupportedModelError(f"{g.path.name}: GGUF metadata lacks {arch}.{name}")
             return value
 
-        d_model = int(key("embedding_length"))
-        n_heads = int(key("attention.head_count"))
-        n_kv = int(key("attention.head_count_kv", n_heads))
-        head_dim = int(m.get(f"{arch}.attention.key_length", d_model // n_heads))
+        def count(name: str, default: Any = None, low: int = 1) -> int:
+            """A whole-number hyperparameter, refused (not crashed on) if absurd."""
+            value = key(name, default)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise UnsupportedModelError(
+                    f"{g.path.name}: {arch}.{name} = {_short(value)} is not a whole number"
+                )
+            if not low <= int(value) <= 1 << 40:
+                raise UnsupportedModelError(
+                    f"{g.path.name}: {arch}.{name} = {int(value)} is out of range; the file"
+                    " is damaged"
+                )
+            return int(value)
+
+        def real(name: str, default: Any = None) -> float:
+            value = key(name, default)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+                raise UnsupportedModelError(
+                    f"{g.path.name}: {arch}.{name} = {_short(value)} is not a number"
+                )
+            if not math.isfinite(float(value)) or float(value) <= 0:
+                raise UnsupportedModelError(
+                    f"{g.path.name}: {arch}.{name} = {float(value)} must be a positive number"
+                )
+            return float(value)
+
+        d_model = count("embedding_length")
+        n_heads = count("attention.head_count")
+        n_kv = count("attention.head_count_kv", n_heads)
+        if n_heads % n_kv:
+            raise UnsupportedModelError(
+                f"{g.path.name}: {arch}.attention.head_count_kv = {n_kv} does not divide"
+                f" head_count = {n_heads}; the file is damaged"
+            )
+        head_dim = count("attention.key_length", max(1, d_model // n_heads))
         t = g.tensors
         if "token_embd.weight" not in t:
             raise UnsupportedModelError(f"{g.path.name}: no token_embd.weight tensor")
-        vocab = int(m.get(f"{arch}.vocab_size", t["token_embd.weight"].shape[1]))
-        scaling_type = str(m.get(f"{arch}.rope.scaling.type", "none"))
+        embd = t["token_embd.weight"].shape
+        if len(embd) != 2:
+            raise UnsupportedModelError(
+                f"{g.path.name}: token_embd.weight has shape {list(embd)}, not a 2-D table"
+            )
+        vocab = count("vocab_size", embd[1])
         scaling = RopeScaling(
-            type=scaling_type,
-            factor=float(m.get(f"{arch}.rope.scaling.factor", 1.0)),
-            original_context_length=int(m.get(f"{arch}.rope.scaling.original_context_length", 0)),
+            type=str(m.get(f"{arch}.rope.scaling.type", "none")),
+            factor=real("rope.scaling.factor", 1.0),
+            original_context_length=count("rope.scaling.original_context_length", 0, low=0),
         )
         return cls(
             arch=arch,
             name=str(m.get("general.name", g.path.stem)),
-            n_layers=int(key("block_count")),
+            n_layers=count("block_count"),
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv,
             head_dim=head_dim,
-            ffn_dim=int(key("feed_forward_length")),
+            ffn_dim=count("feed_forward_length"),
             vocab_size=vocab,
-            context_length=int(key("context_length")),
-            rope_theta=float(m.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_dim=int(m.get(f"{arch}.rope.dimension_count", head_dim)),
+            context_length=count("context_length"),
+            rope_theta=real("rope.freq_base", 10000.0),
+            rope_dim=count("rope.dimension_count", head_dim),
             rope_scaling=scaling,
-            rms_eps=float(key("attention.layer_norm_rms_epsilon")),
+            rms_eps=real("attention.layer_norm_rms_epsilon"),
             tied_embeddings="output.weight" not in t,
             qkv_bias="blk.0.attn_q.bias" in t or "blk.0.attn_qkv.bias" in t,
             fused_qkv="blk.0.attn_qkv.weight" in t,
             fused_gate_up="blk.0.ffn_gate.weight" not in t,
         )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse, by what it is, a path that cannot be a model file (a folder, a device, a
+    symlink loop), instead of a misleading "no such file"."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NpuchatError(
+                f"{path} is a symbolic link loop; give the path of a .gguf file"
+            ) from exc
+        raise NpuchatError(f"no such file: {path}; give the path of a .gguf file") from exc
+    if stat.S_ISDIR(st.st_mode):
+        raise NpuchatError(f"{path} is a directory; give the path of a .gguf file")
+    if not stat.S_ISREG(st.st_mode):
+        raise NpuchatError(f"{path} is not a regular file; give the path of a .gguf file")
 
 
 def read_config(path: str | Path) -> ModelConfig:

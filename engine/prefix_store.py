@@ -7,7 +7,9 @@ A lookup may use any entry partially: row i of a causal model's cache depends on
 
 On disk, each persisted prefix is an `.npz` of its rows plus a JSON header with the tokens, the
 layout key (model, graphs, numerics: the graph cache key) and the sha256 of the `.npz` bytes. A
-file whose hash does not match is never loaded: it is reported and rebuilt by the next prefill.
+file whose hash does not match, or whose header or arrays do not have the shape a snapshot has
+(any program can write a file with a matching hash), is never loaded: it is reported once and
+rebuilt by the next prefill.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +31,8 @@ from .kvcache import KVSnapshot
 
 Exporter = Callable[[int, int], KVSnapshot]
 _FORMAT = 1
+_MAX_LAYERS = 1024
+_FLOATS = (np.float16, np.float32)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -69,6 +74,7 @@ class PrefixStore:
         self.disk_dir = disk_dir / layout_key[:32] if disk_dir else None
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self.warnings: list[str] = []
+        self._reported: set[str] = set()
 
     # ------------------------------------------------------------------ memory
 
@@ -186,24 +192,53 @@ class PrefixStore:
             tmp.write_bytes(content)
             os.replace(tmp, path)
 
-    def _read(self, head: Path, body: Path) -> tuple[list[int], KVSnapshot] | None:
+    def _warn(self, path: Path, why: str) -> None:
+        if path.name not in self._reported:
+            self._reported.add(path.name)
+            self.warnings.append(f"prefix cache {path.name} {why}; it will be rebuilt")
+
+    def _header(self, head: Path) -> dict[str, Any] | None:
+        """The header if it has the shape `persist` writes; None (reported) otherwise."""
         try:
             header = json.loads(head.read_text())
-            data = body.read_bytes()
         except (OSError, ValueError):
-            self.warnings.append(f"prefix cache {head.name} is unreadable; it will be rebuilt")
+            self._warn(head, "is unreadable")
+            return None
+        tokens = header.get("tokens") if isinstance(header, dict) else None
+        layers = header.get("layers") if isinstance(header, dict) else None
+        if not (
+            isinstance(header, dict)
+            and isinstance(tokens, list)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens)
+            and isinstance(layers, int)
+            and not isinstance(layers, bool)
+            and 0 < layers <= _MAX_LAYERS
+            and isinstance(header.get("sha256"), str)
+        ):
+            self._warn(head, "has a header of the wrong shape")
+            return None
+        return header
+
+    def _read(self, head: Path, body: Path) -> tuple[list[int], KVSnapshot] | None:
+        header = self._header(head)
+        if header is None:
             return None
         if header.get("format") != _FORMAT or header.get("layout") != self.layout_key:
             return None  # another model or graph version: not ours to judge
-        if hashlib.sha256(data).hexdigest() != header.get("sha256"):
-            self.warnings.append(
-                f"prefix cache {body.name} does not match its hash (corrupt); it will be rebuilt"
-            )
+        try:
+            data = body.read_bytes()
+        except OSError:
+            self._warn(body, "is unreadable")
             return None
-        with np.load(io.BytesIO(data)) as z:
-            n = int(header["layers"])
-            snap = KVSnapshot(0, [z[f"k{i}"] for i in range(n)], [z[f"v{i}"] for i in range(n)])
-        return list(header["tokens"]), snap
+        if hashlib.sha256(data).hexdigest() != header["sha256"]:
+            self._warn(body, "does not match its hash (corrupt)")
+            return None
+        tokens: list[int] = header["tokens"]
+        snap = _snapshot(data, header["layers"], len(tokens))
+        if snap is None:
+            self._warn(body, "does not hold K/V rows of the shape its header says")
+            return None
+        return tokens, snap
 
     def _disk_best(self, tokens: Sequence[int], limit: int, beat: int) -> PrefixHit | None:
         """A persisted prefix longer than `beat` rows that `tokens` starts with, if any."""
@@ -211,10 +246,10 @@ class PrefixStore:
             return None
         best: tuple[int, Path] | None = None
         for head in self.disk_dir.glob("*.json"):
-            try:
-                stored = json.loads(head.read_text()).get("tokens", [])
-            except (OSError, ValueError):
+            header = self._header(head)
+            if header is None:
                 continue
+            stored = header["tokens"]
             fits = beat < len(stored) <= limit and list(tokens[: len(stored)]) == stored
             if fits and (best is None or len(stored) > best[0]):
                 best = (len(stored), head)
@@ -233,3 +268,26 @@ class PrefixStore:
             pinned=True,
         )
         return PrefixHit(len(stored), snap, "disk")
+
+
+def _snapshot(data: bytes, layers: int, length: int) -> KVSnapshot | None:
+    """The K/V rows in an `.npz`, if it holds exactly `layers` float arrays per kind, each
+    `[1, heads, length, dim]` and alike across layers; None for anything else."""
+    names = {f"{kind}{i}" for kind in "kv" for i in range(layers)}
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            if set(z.files) != names:
+                return None
+            k = [z[f"k{i}"] for i in range(layers)]
+            v = [z[f"v{i}"] for i in range(layers)]
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+    for arrays in (k, v):
+        first = arrays[0]
+        if first.ndim != 4 or first.shape[0] != 1 or first.shape[2] != length:
+            return None
+        if first.dtype not in _FLOATS or any(
+            a.shape != first.shape or a.dtype != first.dtype for a in arrays
+        ):
+            return None
+    return KVSnapshot(0, k, v)

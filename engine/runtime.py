@@ -36,6 +36,16 @@ T = TypeVar("T")
 MANIFEST = "manifest.json"
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True  # another user's process: leave its folder alone
+    return True
+
+
 def model_sha256(path: Path, cache_dir: Path) -> str:
     """The model file's sha256, cached in a sidecar keyed by path, size and mtime.
 
@@ -113,6 +123,7 @@ class GraphCache:
         folder = self.folder(key)
         if self.verify(key):
             return folder
+        self._remove_stale_builds()
         tmp = self.root / f"{key}.tmp-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir(parents=True)
         try:
@@ -172,6 +183,16 @@ class GraphCache:
         opened = None  # never used: it may have read damaged bytes
         folder = self.get_or_build(key, build, meta)
         return folder, open_folder(folder)
+
+    def _remove_stale_builds(self) -> None:
+        """Remove half-built folders (`<key>.tmp-PID-N`) whose building process is gone: a
+        build killed with kill -9 cannot clean up after itself, and each is tens of MB."""
+        if not self.root.is_dir():
+            return
+        for folder in self.root.glob("*.tmp-*-*"):
+            pid_text = folder.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+            if pid_text.isdigit() and folder.is_dir() and not _process_alive(int(pid_text)):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _sizes_match(self, folder: Path) -> bool:
         try:

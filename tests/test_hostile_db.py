@@ -31,7 +31,7 @@ from npuchat.app.tui.message_list import AssistantMessage, MessageView
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.paths import Paths
 
-SLOW_CLI = Path(__file__).with_name("slow_cli.py")
+SLOW_CLI = Path(__file__).with_name("harness_cli.py")
 RUN_ARGS = ("-n", "150", "--conversation", "new", "-t", "0")
 
 
