@@ -19,6 +19,7 @@ from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
 
 from .cli_args import add_bench_arguments, add_doctor_arguments, add_run_arguments
+from .text_safety import escape_controls
 
 EXIT_USAGE = 2
 EXIT_SIGPIPE = 128 + 13  # what a shell reports for a process ended by SIGPIPE
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return launch_app(args, console)
         return _dispatch(args, console)
     except NpuchatError as exc:
-        print(f"npuchat: error: {exc}", file=sys.stderr)
+        print(f"npuchat: error: {escape_controls(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("npuchat: interrupted", file=sys.stderr)

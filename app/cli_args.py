@@ -26,9 +26,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="random seed (-1 or absent: a random one)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")
+    p.add_argument(
+        "--no-escape",
+        action="store_true",
+        help="print control characters in the reply as they are (by default they are shown"
+        " escaped when standard output is a terminal, so a reply cannot control it)",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="print metrics to stderr")
     p.add_argument("--conversation", help="continue a saved conversation (ID, or 'new')")
     p.add_argument(

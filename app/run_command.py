@@ -34,6 +34,7 @@ from npuchat.engine.events import (
     SamplingParams,
     TokenDelta,
 )
+from npuchat.engine.sampling_domain import SAMPLING_FIELDS, check_sampling
 
 from .context import AppContext
 from .engine_factory import open_engine
@@ -41,6 +42,7 @@ from .engine_port import EngineSpec
 from .progress import RichPullProgress
 from .store import ConversationStore, MessageStatus
 from .store_schema import DatabaseBusyError
+from .text_safety import escape_controls
 
 if TYPE_CHECKING:
     from .store import MessageStatus
@@ -55,6 +57,9 @@ METRIC_FIELDS = (
     "kv_used",
     "kv_capacity",
 )
+
+
+_FLAGS = {name: "--" + name.replace("_", "-") for name in SAMPLING_FIELDS}
 
 
 def metrics_dict(m: Metrics) -> dict[str, object]:
@@ -75,28 +80,45 @@ def metrics_dict(m: Metrics) -> dict[str, object]:
 def _system_prompt(args: argparse.Namespace, ctx: AppContext) -> str:
     if args.system_file is not None:
         try:
-            return args.system_file.read_text()
+            return args.system_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise NpuchatError(
+                f"--system-file {args.system_file} is not UTF-8 text (byte {exc.start});"
+                " give a text file"
+            ) from exc
         except OSError as exc:
             raise NpuchatError(f"cannot read --system-file {args.system_file}: {exc}") from exc
     return args.system if args.system is not None else ctx.settings.system_prompt
 
 
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NpuchatError(
+            f"standard input is not UTF-8 text (byte {exc.start}); convert it, e.g. with"
+            " `iconv -t utf-8`"
+        ) from exc
+
+
 def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    prompt = args.prompt if args.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise NpuchatError("the prompt is empty: pass --prompt TEXT or pipe text on stdin")
-    if args.max_tokens < 1:
-        raise NpuchatError("--max-tokens must be at least 1")
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         min_p=args.min_p,
         repeat_penalty=args.repeat_penalty,
-        seed=args.seed,
+        seed=None if args.seed == -1 else args.seed,  # -1 = random, as in llama.cpp
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),
     )
+    check_sampling(sampling, _FLAGS)
     model = args.run_model or ctx.settings.model
     device = args.run_device or ctx.settings.device
     store: ConversationStore | None = None
@@ -149,7 +171,8 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
                 ChatRequest(conversation.id if conversation else "run", system, messages, sampling),
                 cancel,
             )
-        _, final = _stream(events, args.json, saver)
+        escape = not args.no_escape and sys.stdout.isatty()
+        _, final = _stream(events, args.json, saver, escape)
     except BaseException as exc:
         if saver is not None:
             saver.finish("error", None, str(exc) or type(exc).__name__)
@@ -222,8 +245,13 @@ class ReplySaver:
 
 
 def _stream(
-    events: Iterable[Event], as_json: bool, saver: ReplySaver | None = None
+    events: Iterable[Event],
+    as_json: bool,
+    saver: ReplySaver | None = None,
+    escape: bool = False,
 ) -> tuple[str, Finished | Cancelled | None]:
+    """Print the reply as it streams; `escape` shows control characters instead of letting
+    them act on the terminal (`text_safety`)."""
     reply: list[str] = []
     final: Finished | Cancelled | None = None
     out = sys.stdout
@@ -237,13 +265,13 @@ def _stream(
                     text = ev.text if i == len(ev.ids) - 1 else ""
                     out.write(json.dumps({"id": tid, "text": text}) + "\n")
             else:
-                out.write(ev.text)
+                out.write(escape_controls(ev.text) if escape else ev.text)
             out.flush()
         elif isinstance(ev, MetricsUpdate):
             if saver is not None:
                 saver.update("".join(reply))
         elif isinstance(ev, Notice):
-            print(f"npuchat: {ev.text}", file=sys.stderr)
+            print(f"npuchat: {escape_controls(ev.text)}", file=sys.stderr)
         elif isinstance(ev, Failed):
             raise NpuchatError(ev.message)
         elif isinstance(ev, (Finished, Cancelled)):

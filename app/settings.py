@@ -53,8 +53,8 @@ class Settings:
                 raise NpuchatError(
                     f"{source}: {name} = {value!r} is not one of {', '.join(DEVICE_CHOICES)}"
                 )
-        if self.threads < 0:
-            raise NpuchatError(f"{source}: threads must be 0 (auto) or a positive number")
+        if not 0 <= self.threads <= 1024:
+            raise NpuchatError(f"{source}: threads must be 0 (auto) or a number up to 1024")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -66,6 +66,12 @@ def read_toml(path: Path) -> dict[str, Any]:
         return {}
     except tomllib.TOMLDecodeError as exc:
         raise NpuchatError(f"{path} is not valid TOML ({exc}); fix or remove that line") from exc
+    except UnicodeDecodeError as exc:
+        raise NpuchatError(
+            f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 or remove it"
+        ) from exc
+    except OSError as exc:
+        raise NpuchatError(f"cannot read {path}: {exc.strerror}") from exc
 
 
 def edit_toml(path: Path, edit: Callable[[tomlkit.TOMLDocument], None]) -> None:

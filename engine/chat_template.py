@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .template_limits import LimitedSandbox, TemplateLimitError, guard_filters, render_limited
 
 if TYPE_CHECKING:
     from .events import ChatMessage, ToolSpec
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
 Message = Mapping[str, Any]
 
+MAX_SOURCE_CHARS = 1 << 20
 _PROBE_USER = "npuchat-probe-user-4b1d"
 _PROBE_REPLY = "npuchat-probe-reply-9e2c"
 # A tag-like special token right after the assistant's text: <|im_end|>, <|end|>, </s>, ...
@@ -73,13 +76,14 @@ class _GenerationBlock(jinja2.ext.Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _environment() -> LimitedSandbox:
+    env = LimitedSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols, _GenerationBlock],
     )
     env.filters["tojson"] = _tojson
+    guard_filters(env)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -158,13 +162,27 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def _pieces(parts: list[str], contents: Sequence[str]) -> list[tuple[str, bool]]:
+    """re.split output (markup, index, markup, ...) → (text, is_markup) pieces."""
+    out: list[tuple[str, bool]] = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            if part:
+                out.append((part, True))
+        else:
+            out.append((contents[int(part)], False))
+    return out
+
+
 class ChatTemplate:
     """Renders a conversation into the prompt text the model expects.
 
-    `render()` returns the text; tokenize it with `Tokenizer.encode_prompt` (special tokens
-    parsed). `warning` is None while the model's own template is in use, and a one-line message
-    whenever the fallback format had to be used. `end_marker` is the text that closes an
-    assistant turn (e.g. "<|im_end|>"), where it can be inferred; generation stops there.
+    `render()` returns the text; `render_pieces()` the same text split into the template's
+    markup and the messages' contents, for `Tokenizer.encode_chat` (special tokens parsed in
+    the markup only). `warning` is None while the model's own template is in use, and a
+    one-line message whenever the fallback format had to be used. `end_marker` is the text
+    that closes an assistant turn (e.g. "<|im_end|>"), where it can be inferred; generation
+    stops there.
     """
 
     def __init__(
@@ -187,10 +205,15 @@ class ChatTemplate:
         self._template: jinja2.Template | None = None
         if not source:
             self.warning = f"the model has no chat template; using the {name} format"
+        elif len(source) > MAX_SOURCE_CHARS:
+            self.warning = (
+                f"the model's chat template is {len(source)} characters long (real ones are a"
+                f" few thousand); using the {name} format"
+            )
         else:
             try:
                 self._template = _environment().from_string(source)
-            except jinja2.TemplateError as exc:
+            except (jinja2.TemplateError, TemplateLimitError, RecursionError, MemoryError) as exc:
                 self.warning = (
                     f"the model's chat template does not parse ({_one_line(exc)}); "
                     f"using the {name} format"
@@ -235,6 +258,12 @@ class ChatTemplate:
         if self._template is not None:
             try:
                 text = self._render_template(messages, add_generation_prompt, tools)
+            except TemplateLimitError as exc:  # it would cost that again on every render
+                self._template = None
+                self.warning = (
+                    f"the model's chat template was stopped ({_one_line(exc)}); "
+                    f"using the {self.fallback_name} format"
+                )
             except Exception as exc:  # any failure of foreign template code means: fall back
                 self.warning = (
                     f"the model's chat template failed ({_one_line(exc)}); "
@@ -245,6 +274,43 @@ class ChatTemplate:
                 return text
         return self._fallback(messages, add_generation_prompt)
 
+    def render_pieces(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Message] | None = None,
+    ) -> list[tuple[str, bool]]:
+        """The prompt as (text, is_markup) pieces, for `Tokenizer.encode_chat`.
+
+        Why: the template's own markup (`<|im_start|>user`) must become special tokens, but
+        the same text inside a message must not, or a pasted document could forge a system
+        turn. The template is rendered a second time with a unique placeholder for each
+        message's content; what lies between placeholders is markup, and each placeholder is
+        that message's text. Joined, the pieces are exactly `render()`'s text (when the template
+        transforms the content, e.g. trims it, the transformed text is used where it can be
+        matched, and the content as given otherwise).
+        """
+        text = self.render(messages, add_generation_prompt, tools)
+        nonce = secrets.token_hex(8)
+        marks = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+        marked = [{**m, "content": marks[i]} for i, m in enumerate(messages)]
+        try:
+            if self._template is not None and self.warning is None:  # as `render` just did
+                layout = self._render_template(marked, add_generation_prompt, tools)
+            else:
+                layout = self._fallback(marked, add_generation_prompt)
+        except (Exception, TemplateLimitError):
+            return [(text, True)]
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", layout)
+        if len(parts) == 1:
+            return [(text, True)]
+        contents = [str(m.get("content", "")) for m in messages]
+        for variant in (contents, [c.strip() for c in contents]):
+            pieces = _pieces(parts, variant)
+            if "".join(p for p, _ in pieces) == text:
+                return pieces
+        return _pieces(parts, contents)
+
     def _render_template(
         self,
         messages: Sequence[Message],
@@ -252,14 +318,15 @@ class ChatTemplate:
         tools: Sequence[Message] | None = None,
     ) -> str:
         assert self._template is not None
-        return self._template.render(
-            messages=[dict(m) for m in messages],
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token,
-            eos_token=self.eos_token,
-            tools=[dict(t) for t in tools] if tools else None,
-            documents=None,
-        )
+        context = {
+            "messages": [dict(m) for m in messages],
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "tools": [dict(t) for t in tools] if tools else None,
+            "documents": None,
+        }
+        return render_limited(self._template, context)
 
     def _infer_end_marker(self) -> str | None:
         """The special token the template writes right after an assistant message."""
@@ -271,6 +338,13 @@ class ChatTemplate:
         ]
         try:
             text = self._render_template(probe, False)
+        except TemplateLimitError as exc:
+            self._template = None
+            self.warning = (
+                f"the model's chat template was stopped ({_one_line(exc)}); "
+                f"using the {self.fallback_name} format"
+            )
+            return self._fallback_marker
         except Exception:  # a template that cannot render the probe: no inference
             return None
         at = text.find(_PROBE_REPLY)

@@ -38,6 +38,7 @@ from .events import (
 from .model import Model
 from .prefix_store import PrefixStore, common_prefix_len
 from .sampler import Sampler
+from .sampling_domain import sampling_problems
 from .speculative import SpeculativeDecoder
 from .tokenizer import Tokenizer
 
@@ -246,12 +247,12 @@ class ChatSession:
     def prompt_ids(
         self, system: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
     ) -> list[int]:
-        text = self.template.render(
-            template_messages(system, messages),
-            add_generation_prompt=True,
-            tools=template_tools(tools),
+        """The request's prompt ids: the template's markup with special tokens parsed, every
+        message's text as plain text (so user text cannot forge a turn)."""
+        pieces = self.template.render_pieces(
+            template_messages(system, messages), True, template_tools(tools)
         )
-        return self.tokenizer.encode_prompt(text)
+        return self.tokenizer.encode_chat(pieces)
 
     def system_prefix(self, system: str) -> list[int]:
         """Tokens every conversation with this system prompt starts with.
@@ -325,6 +326,11 @@ class ChatSession:
         *,
         sampling: SamplingParams | None = None,
     ) -> Iterator[Event]:
+        params = sampling if sampling is not None else getattr(request, "sampling", None)
+        problems = sampling_problems(params) if params is not None else []
+        if problems:
+            yield Failed("; ".join(f"{name} {why}" for name, why in problems), kind="invalid")
+            return
         if isinstance(request, ChatRequest) and request.raw_prompt is not None:  # no template
             ids = self.tokenizer.encode_prompt(request.raw_prompt)
             yield from self.complete(ids, request.sampling, cancel)

@@ -71,6 +71,7 @@ class Tokenizer:
         # `encode_special_tokens` is the library's per-tokenizer switch for parse_special;
         # requests may encode from several threads, so flipping it and encoding is one step.
         self._encode_lock = threading.Lock()
+        self._specials: frozenset[int] | None = None
 
     # --- construction ----------------------------------------------------------------------
 
@@ -244,6 +245,70 @@ class Tokenizer:
         out = self.encode(text, parse_special=True)
         if self._add_bos and self._bos_id is not None and (not out or out[0] != self._bos_id):
             out.insert(0, self._bos_id)
+        return out
+
+    def encode_chat(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """Ids of a rendered chat prompt given as (text, is_markup) pieces (`ChatTemplate.
+        render_pieces`): special tokens are parsed in the markup only, so message text that
+        spells `<|im_start|>` stays text.
+
+        The whole prompt is encoded as `encode_prompt` does; only if a special token matched
+        inside a message is the text between the template's own special tokens encoded again
+        with special tokens as plain text. Those runs are what the tokenizer splits the text
+        into around special tokens anyway, so the template's markup keeps its exact ids.
+        """
+        text = "".join(piece for piece, _ in pieces)
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for piece, markup in pieces:
+            if not markup and piece:
+                spans.append((at, at + len(piece)))
+            at += len(piece)
+        text = _SURROGATE.sub("\ufffd", text)  # one character for one: offsets still hold
+        with self._encode_lock:
+            self._hf.encode_special_tokens = False
+            enc = self._hf.encode(text, add_special_tokens=False)
+            ids, offsets = list(enc.ids), list(enc.offsets)
+            specials = self._special_ids()
+            forged = {
+                i
+                for i, (tid, (a, b)) in enumerate(zip(ids, offsets, strict=True))
+                if tid in specials and any(a < e and s < b for s, e in spans)
+            }
+            if forged:
+                ids = self._encode_around(text, ids, offsets, specials, forged)
+        if self._add_bos and self._bos_id is not None and (not ids or ids[0] != self._bos_id):
+            ids.insert(0, self._bos_id)
+        return ids
+
+    def _special_ids(self) -> frozenset[int]:
+        if self._specials is None:
+            decoder = self._hf.get_added_tokens_decoder()
+            self._specials = frozenset(i for i, tok in decoder.items() if tok.special)
+        return self._specials
+
+    def _encode_around(
+        self,
+        text: str,
+        ids: list[int],
+        offsets: list[tuple[int, int]],
+        specials: frozenset[int],
+        forged: set[int],
+    ) -> list[int]:
+        """`text` encoded with only the special tokens not in `forged` as tokens (called with
+        the encode lock held)."""
+        self._hf.encode_special_tokens = True
+        out: list[int] = []
+        start = 0
+        for i, tid in enumerate(ids):
+            if tid in specials and i not in forged:
+                run = text[start : offsets[i][0]]
+                if run:
+                    out.extend(self._hf.encode(run, add_special_tokens=False).ids)
+                out.append(tid)
+                start = offsets[i][1]
+        if text[start:]:
+            out.extend(self._hf.encode(text[start:], add_special_tokens=False).ids)
         return out
 
     def words(self, text: str) -> list[str]:

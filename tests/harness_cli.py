@@ -1,5 +1,7 @@
-"""`npuchat` with each reply token delayed by NPUCHAT_TEST_TOKEN_DELAY_S seconds (default 0.05),
-so a test can signal or kill the process while a reply is streaming. Run as a script."""
+"""`npuchat` run as a script, with its engine changed for a test: each reply token delayed by
+NPUCHAT_TEST_TOKEN_DELAY_S seconds (default 0.05, so a test can signal or kill the process while a
+reply streams), and NPUCHAT_TEST_REPLY_PREFIX, if set, streamed before the model's own text (so a
+test can see what becomes of text a model could write)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ def _slow_open_engine(*args: Any, **kwargs: Any) -> Any:
     generate = engine.generate
     delay = float(os.environ.get("NPUCHAT_TEST_TOKEN_DELAY_S", "0.05"))
 
+    prefix = os.environ.get("NPUCHAT_TEST_REPLY_PREFIX", "")
+
     def slow_generate(request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
+        if prefix:
+            yield TokenDelta(prefix)
         for event in generate(request, cancel):
             if isinstance(event, TokenDelta):
                 time.sleep(delay)

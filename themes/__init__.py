@@ -57,6 +57,8 @@ def load_theme_file(path: Path) -> Theme:
             data: dict[str, Any] = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise NpuchatError(f"theme {path} is not valid TOML ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise NpuchatError(f"theme {path} is not UTF-8 text (byte {exc.start})") from exc
     except OSError as exc:
         raise NpuchatError(f"cannot read theme {path}: {exc.strerror}") from exc
     unknown = sorted(set(data) - _ALLOWED)
@@ -75,6 +77,10 @@ def load_theme_file(path: Path) -> Theme:
     for key in ("dark", "ansi"):
         if key in data and not isinstance(data[key], bool):
             raise NpuchatError(f"theme {path}: {key} must be true or false")
+    for key in ("luminosity_spread", "text_alpha"):
+        value = data.get(key, 0.5)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise NpuchatError(f"theme {path}: {key} must be a number from 0 to 1, got {value!r}")
     return Theme(**data)
 
 

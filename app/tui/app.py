@@ -7,22 +7,27 @@ at import time.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from textual.app import App
+from textual.filter import LineFilter
 
 from npuchat.app.engine_port import EngineLoader, EngineSpec
 from npuchat.app.settings import Settings, set_setting
 from npuchat.app.store import ConversationSettings, ConversationStore
 from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.help_screen import HelpScreen
-from npuchat.app.tui.keys import bindings, unknown_keymap_ids
+from npuchat.app.tui.keymap_check import check_keymap
+from npuchat.app.tui.keys import bindings
 from npuchat.app.tui.loading_screen import LoadingScreen
 from npuchat.app.tui.messages import EngineLoaded
+from npuchat.app.tui.safe_output import ControlCharacterFilter
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import ChatEngine
 from npuchat.themes import (
@@ -60,13 +65,12 @@ class NpuchatApp(App[None]):
         self.engine: ChatEngine | None = None
         self.engine_spec: EngineSpec | None = None
         self._startup_problems: list[str] = []
+        self._control_filter = ControlCharacterFilter()
         self._register_themes()
-        self.set_keymap(settings.keymap)
-        unknown = unknown_keymap_ids(settings.keymap)
-        if unknown:
-            self._startup_problems.append(
-                f"[keymap] has unknown ids: {', '.join(unknown)} (see F1 for the ids)"
-            )
+        keymap, problems = check_keymap(settings.keymap)
+        settings.keymap = keymap  # what is in effect; config.toml keeps what the user wrote
+        self.set_keymap(keymap)
+        self._startup_problems.extend(problems)
 
     # ---- set-up ----------------------------------------------------------------------------
 
@@ -88,6 +92,11 @@ class NpuchatApp(App[None]):
             )
             self.theme = DEFAULT_THEME
 
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """Textual's filters, then the one that keeps stored text from controlling the
+        terminal (`safe_output`)."""
+        return [*super().get_line_filters(), self._control_filter]
+
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(THEME_VARIABLE_DEFAULTS)
 
@@ -95,11 +104,25 @@ class NpuchatApp(App[None]):
         return resolve_references(super().get_css_variables())
 
     def on_mount(self) -> None:
+        self._exit_on_signals()
         spec = EngineSpec(self.settings.model, self.settings.draft, self.settings.device)
         self.push_screen(LoadingScreen(self.loader, spec))
         for problem in self._startup_problems:
             self.notify(problem, severity="warning", timeout=8)
         self.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _exit_on_signals(self) -> None:
+        """SIGTERM and SIGHUP (a closed terminal, `kill`) quit like Ctrl+Q, so the terminal is
+        restored (alternate screen left, mouse tracking off, cursor shown) and the reply being
+        streamed is saved as stopped; the exit status is 128 + the signal, as a shell expects."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:
+                continue
+            try:
+                loop.add_signal_handler(sig, self.exit, None, 128 + int(sig))
+            except (NotImplementedError, RuntimeError, ValueError):
+                return  # not the main thread, or a platform without signals
 
     # ---- engine ----------------------------------------------------------------------------
 

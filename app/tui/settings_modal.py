@@ -17,6 +17,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
 from npuchat.app.store import ConversationSettings
+from npuchat.engine.events import SamplingParams
+from npuchat.engine.sampling_domain import sampling_problems
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,21 @@ def parse_field(spec: _Field, raw: str) -> object:
     if spec.name == "top_p" and value == 0:
         raise SettingsError("Top-p: must be above 0 (1 = off)")
     return value
+
+
+def check_domains(settings: ConversationSettings) -> None:
+    """The engine's own sampling check (`sampling_domain`), worded with this dialog's labels."""
+    sampling = SamplingParams(
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        max_tokens=settings.max_tokens,
+        seed=settings.seed,
+    )
+    labels = {spec.name: spec.label for spec in _FIELDS}
+    problems = [(labels.get(name, name), why) for name, why in sampling_problems(sampling)]
+    if problems:
+        raise SettingsError("; ".join(f"{label}: {why}" for label, why in problems))
 
 
 class SettingsScreen(ModalScreen[ConversationSettings | None]):
@@ -122,7 +139,9 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
         }
         for spec in _FIELDS:
             values[spec.name] = parse_field(spec, self.query_one(f"#{spec.name}", Input).value)
-        return ConversationSettings(**values)  # type: ignore[arg-type]
+        settings = ConversationSettings(**values)  # type: ignore[arg-type]
+        check_domains(settings)
+        return settings
 
     @on(Button.Pressed, "#save")
     @on(Input.Submitted)
