@@ -48,9 +48,18 @@ METRICS_INTERVAL_S = 0.1  # live metrics at most ~10 Hz
 _PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
 
 
+MIN_PREFIX_BUDGET = 32 << 20
+SYSTEM_CACHE_SIZE = 32
+"""System prompts whose token prefix is remembered (each a short list of ids)."""
+
+
 @dataclass(frozen=True)
 class SessionOptions:
-    prefix_budget_bytes: int = 512 << 20
+    # RAM for kept prefixes (other conversations, system prompts); None: a quarter of the model
+    # file, at least MIN_PREFIX_BUDGET. A fixed 512 MiB let a long session of new conversations
+    # grow a 98 MB model's process by hundreds of MB; tied to the model, it stays in the RSS
+    # budget (1.3x the GGUF plus the KV cache). Evicted prefixes of system prompts stay on disk.
+    prefix_budget_bytes: int | None = None
     persist_prefixes: bool = True
     # A chat app idles between turns, and this kind of machine reclaims pages left untouched for
     # ~60 s (the mapped weights, ORT's code); the next turn then faults them back in slowly. A
@@ -112,9 +121,12 @@ class ChatSession:
         self._device = device
         self._clock = clock
         opts = options or SessionOptions()
+        budget = opts.prefix_budget_bytes
+        if budget is None:
+            budget = max(MIN_PREFIX_BUDGET, model.path.stat().st_size // 4)
         self.prefixes = PrefixStore(
             model.graph_dir.name,
-            budget_bytes=opts.prefix_budget_bytes,
+            budget_bytes=budget,
             disk_dir=prefix_dir if opts.persist_prefixes else None,
         )
         self._tokens: list[int] = []  # tokens whose K/V are in slots [0, n_past)
@@ -260,10 +272,14 @@ class ChatSession:
         Rendered twice with two unrelated user messages: whatever the template writes before the
         user's text (BOS, the system block, the user header) is the common token prefix.
         """
-        if system not in self._system_cache:
+        if system in self._system_cache:
+            self._system_cache[system] = self._system_cache.pop(system)  # most recent last
+        else:
             a = self.prompt_ids(system, [ChatMessage("user", _PROBE_A)])
             b = self.prompt_ids(system, [ChatMessage("user", _PROBE_B)])
             self._system_cache[system] = a[: common_prefix_len(a, b)]
+            while len(self._system_cache) > SYSTEM_CACHE_SIZE:
+                del self._system_cache[next(iter(self._system_cache))]
         return self._system_cache[system]
 
     def _fit(self, request: ChatRequest) -> tuple[list[int], int]:
