@@ -373,3 +373,23 @@ def test_app_keeps_the_typed_message_when_the_database_stays_locked(
 
     asyncio.run(run())
     assert app.return_code in (None, 0)
+
+
+def test_app_reports_damage_met_while_opening_a_chat_instead_of_crashing(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    _overwrite_middle(path)  # damage the open-time check would have refused; met while in use
+    store = ConversationStore(sqlite3.connect(path, isolation_level=None), path, clock=_now)
+    conv_id = store.list_conversations()[0].id
+    app = make_app(ScriptedEngine(), store)
+
+    async def run() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await wait_for_chat(pilot)
+            await screen.open_conversation(conv_id)
+            await pilot.pause(0.1)
+            warnings = [n.message for n in app._notifications]
+            assert any("is damaged" in w and str(path) in w for w in warnings), warnings
+            assert screen.conversation is None  # nothing half-shown
+
+    asyncio.run(run())
+    store.close()

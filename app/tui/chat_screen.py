@@ -502,8 +502,13 @@ class ChatScreen(Screen[None]):
             return
         self._end_edit()
         store = self.npuchat.store
-        self.conversation = store.get_conversation(conversation_id)
-        history = store.messages(conversation_id)
+        try:
+            conversation = store.get_conversation(conversation_id)
+            history = store.messages(conversation_id)
+        except NpuchatError as exc:  # damaged, locked or deleted by another process
+            self.notify(str(exc), title="Cannot open the chat", severity="error", timeout=12)
+            return
+        self.conversation = conversation
         await self._show_conversation(history)
         last = next((m for m in reversed(history) if m.metrics is not None), None)
         panel = self.query_one(MetricsPanel)
