@@ -11,7 +11,9 @@ server (and llama-server) takes as a cancel.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -245,9 +247,17 @@ class _Reply:
         return m
 
     def _watch_cancel(self, done: threading.Event) -> None:
-        """Close the connection the moment cancel is set, even mid-prefill (no chunk to wake)."""
+        """Close the connection the moment cancel is set, even mid-prefill (no chunk to wake).
+
+        Closing a socket does not wake a thread blocked reading it; shutting it down does, so
+        the reader sees the end at once and the server sees the disconnect."""
         while not done.is_set():
             if self.cancel.wait(0.05):
+                stream = self.response.extensions.get("network_stream")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
                 self.response.close()
                 return
 

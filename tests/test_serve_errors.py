@@ -32,6 +32,17 @@ BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | 
     ("negative temperature", "/v1/chat/completions", _chat(temperature=-0.5), 400, "temperature"),
     ("top_p 0", "/v1/chat/completions", _chat(top_p=0), 400, "top_p"),
     ("top_p over 1", "/v1/chat/completions", _chat(top_p=1.5), 400, "top_p"),
+    (
+        "NaN temperature",
+        "/v1/chat/completions",
+        b'{"model": "scripted-1b", "messages": [{"role": "user", "content": "x"}], '
+        b'"temperature": NaN}',
+        400,
+        "temperature",
+    ),
+    ("zero repeat penalty", "/v1/chat/completions", _chat(repeat_penalty=0), 400, "repeat_penalty"),
+    ("empty stop string", "/v1/chat/completions", _chat(stop=[""]), 400, "stop"),
+    ("negative seed", "/v1/chat/completions", _chat(seed=-5), 400, "seed"),
     ("max_tokens over context", "/v1/chat/completions", _chat(max_tokens=5000), 400, "max_tokens"),
     (
         "max_completion_tokens over context",

@@ -2,9 +2,10 @@
 
 Fields OpenAI defines and npuchat cannot honour (n > 1, images, a forced tool choice) are
 refused with a 400 that names the field, rather than silently ignored; fields unknown to the
-schema are ignored, as OpenAI-compatible servers do, so newer clients keep working. Values the
-engine's sampler cannot take (negative temperature, top_p outside (0, 1], max_tokens beyond the
-context) are refused here, before a request is queued.
+schema are ignored, as OpenAI-compatible servers do, so newer clients keep working. Sampling values
+outside the engine's domains (`engine.sampling_domain`: a negative temperature, top_p outside
+(0, 1], ...) and max_tokens beyond the context are refused here, before a request is queued,
+by the same rule the engine applies.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from npuchat.engine.events import (
     ToolCall,
     ToolSpec,
 )
+from npuchat.engine.sampling_domain import sampling_problems
 
 MAX_STOP_STRINGS = 4
 
@@ -117,12 +119,13 @@ class _Sampling(_Model):
     llama-server's extensions, `priority` and `conversation_id` are npuchat's."""
 
     model: str
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(default=None, gt=0.0)
-    max_tokens: int | None = Field(default=None, ge=1)
+    # types only: the values are checked by the engine's own rule (`sampling_domain`)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    max_tokens: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int = 1
@@ -160,7 +163,7 @@ class _Sampling(_Model):
                 code="context_length_exceeded",
             )
         base = SamplingParams()
-        return SamplingParams(
+        params = SamplingParams(
             temperature=base.temperature if self.temperature is None else self.temperature,
             top_k=base.top_k if self.top_k is None else self.top_k,
             top_p=base.top_p if self.top_p is None else self.top_p,
@@ -172,6 +175,11 @@ class _Sampling(_Model):
             max_tokens=max_tokens,
             stop=self.stops(),
         )
+        problems = sampling_problems(params)
+        if problems:  # the engine would refuse them too; this keeps them out of the queue
+            name, why = problems[0]
+            raise ApiError(400, f"{name} {why}", param=name)
+        return params
 
     @property
     def include_usage(self) -> bool:
@@ -180,7 +188,7 @@ class _Sampling(_Model):
 
 class ChatCompletionIn(_Sampling):
     messages: list[MessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
@@ -287,7 +295,8 @@ def _tools(body: ChatCompletionIn) -> tuple[ToolSpec, ...]:
 def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     system, turns = _messages(body)
     tools = _tools(body)
-    max_tokens = body.max_completion_tokens or body.max_tokens or context_length
+    given = (body.max_completion_tokens, body.max_tokens)
+    max_tokens = next((n for n in given if n is not None), context_length)
     request = ChatRequest(
         conversation_id="",
         system_prompt=system,
@@ -302,7 +311,7 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
 def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
     if body.echo:
         raise ApiError(400, "echo: not supported", param="echo")
-    max_tokens = body.max_tokens or 16  # OpenAI's default for /v1/completions
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
     request = ChatRequest(
         conversation_id="",
         system_prompt="",
