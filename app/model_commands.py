@@ -53,6 +53,7 @@ def _model_row(ctx: AppContext, entry: CatalogEntry) -> dict[str, object]:
         "quant": entry.quant,
         "installed": manifest is not None,
         "default_draft": entry.default_draft,
+        "kind": entry.kind,
         "source": entry.source,
         "default": entry.name == ctx.settings.model,
     }
@@ -76,6 +77,8 @@ def cmd_models(ctx: AppContext, as_json: bool, console: Console) -> int:
         )
     for row in rows:
         name = f"{row['name']} [dim](default)[/]" if row["default"] else str(row["name"])
+        if row["kind"] == "base":
+            name += " [dim](base)[/]"
         table.add_row(
             name,
             str(row["arch"]),

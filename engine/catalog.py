@@ -47,6 +47,7 @@ class CatalogEntry:
     url: str | None = None
     path: Path | None = None  # imported models: where the user's file is
     builtin: bool = True
+    kind: str = "chat"  # "base": a pretrained model without a chat template (completion use)
 
     @property
     def source(self) -> str:
@@ -104,6 +105,7 @@ def _entry_from_table(
             url=t.get("url") or None,
             path=Path(path).expanduser() if path else None,
             builtin=builtin,
+            kind=str(t.get("kind", "chat")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise NpuchatError(f"{where}: model entry {name!r} is malformed ({exc})") from exc

@@ -103,11 +103,29 @@ def _phi3(messages: Sequence[Message], add_generation_prompt: bool) -> str:
     return "".join(parts)
 
 
+def _gemma(messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    """Gemma's turns: no system role (its text opens the first user turn), assistant = model."""
+    prefix = ""
+    parts = []
+    for m in messages:
+        if m["role"] == "system":
+            prefix += m["content"] + "\n\n"
+            continue
+        role = "model" if m["role"] == "assistant" else m["role"]
+        parts.append(f"<start_of_turn>{role}\n{prefix}{m['content'].strip()}<end_of_turn>\n")
+        prefix = ""
+    if add_generation_prompt:
+        parts.append("<start_of_turn>model\n")
+    return "".join(parts)
+
+
 # Known formats per architecture: (name, renderer, assistant end marker).
 _FALLBACKS: dict[str, tuple[str, Callable[[Sequence[Message], bool], str], str]] = {
     "phi3": ("Phi-3", _phi3, "<|end|>"),
     "llama": ("ChatML", _chatml, "<|im_end|>"),
     "qwen2": ("ChatML", _chatml, "<|im_end|>"),
+    "qwen3": ("ChatML", _chatml, "<|im_end|>"),
+    "gemma3": ("Gemma turn", _gemma, "<end_of_turn>"),
 }
 
 

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from .arch_features import SUPPORTED_ARCHS, arch_traits, check_config, check_features
 from .errors import NpuchatError, UnsupportedModelError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "phi3")
+__all__ = ["SUPPORTED_ARCHS", "GGUFFile", "ModelConfig", "RopeScaling", "TensorInfo", "read_config"]
 _MAGIC = b"GGUF"
 
 # GGUF value types -> (struct format, numpy dtype)
@@ -262,20 +263,41 @@ class ModelConfig:
     qkv_bias: bool
     fused_qkv: bool
     fused_gate_up: bool
+    # Features of the newer archs (`arch_features`); the defaults are plain Llama math.
+    qk_norm: bool = False  # per-head RMSNorm of Q and K before rotary (Qwen3, Gemma 3)
+    post_norms: bool = False  # RMSNorm of the attention and MLP outputs (Gemma 3)
+    activation: str = "silu"  # gated MLP activation: "silu" or "gelu_tanh"
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(d_model))
+    attention_scale: float = 0.0  # Q·K scale; 0 means 1/sqrt(head_dim)
+    sliding_window: int = 0  # rows a sliding layer sees (itself included); 0: none
+    swa_layers: tuple[bool, ...] = ()  # which layers slide (empty: none)
+    rope_theta_swa: float = 0.0  # rope base of sliding layers; 0: rope_theta
+    rope_freq_factors: tuple[float, ...] = ()  # Llama 3 per-frequency divisors of the angle
 
     @property
     def n_groups(self) -> int:
         """Query heads per KV head (GQA group size)."""
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def q_scale(self) -> float:
+        """The factor on Q·Kᵀ before softmax."""
+        return self.attention_scale or 1.0 / float(np.sqrt(self.head_dim))
+
+    @property
+    def mixed_windows(self) -> bool:
+        """Some layers slide and some attend globally (two masks per step)."""
+        return any(self.swa_layers) and not all(self.swa_layers)
+
+    @property
+    def local_rope(self) -> bool:
+        """Sliding layers rotate with tables of their own (a second rope base)."""
+        return self.mixed_windows and bool(self.rope_theta_swa)
+
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> ModelConfig:
         arch = g.architecture
-        if arch not in SUPPORTED_ARCHS:
-            raise UnsupportedModelError(
-                f"{g.path.name}: architecture {arch or '(none)'!r} is not supported; "
-                f"npuchat runs {', '.join(SUPPORTED_ARCHS)} models"
-            )
+        check_features(g, g.path.name, arch)
         m = g.metadata
 
         def key(name: str, default: Any = None) -> Any:
@@ -333,7 +355,8 @@ class ModelConfig:
             factor=real("rope.scaling.factor", 1.0),
             original_context_length=count("rope.scaling.original_context_length", 0, low=0),
         )
-        return cls(
+        traits = arch_traits(g, g.path.name, arch, head_dim, d_model)
+        cfg = cls(
             arch=arch,
             name=str(m.get("general.name", g.path.stem)),
             n_layers=count("block_count"),
@@ -352,7 +375,10 @@ class ModelConfig:
             qkv_bias="blk.0.attn_q.bias" in t or "blk.0.attn_qkv.bias" in t,
             fused_qkv="blk.0.attn_qkv.weight" in t,
             fused_gate_up="blk.0.ffn_gate.weight" not in t,
+            **vars(traits),
         )
+        check_config(cfg)
+        return cfg
 
 
 def _short(value: Any) -> str:

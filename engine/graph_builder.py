@@ -58,12 +58,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import UnsupportedModelError
 from .gguf_reader import GGUFFile, ModelConfig
+from .layer_inputs import MASK_NEG, rope_tables
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "11"
+BUILDER_VERSION = "12"
 OPSET = 23  # RotaryEmbedding
-MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
+__all__ = ["MASK_NEG", "GraphSpec", "build_graphs", "make_graph", "rope_tables", "write_weights"]
 WEIGHTS_FILE = "weights.bin"
 _ALIGN = 4096  # page-aligned external data lets ONNX Runtime map it instead of copying
 
@@ -99,32 +100,6 @@ def llama_rope_permutation(n_heads: int, head_dim: int) -> np.ndarray:
     """Row order that turns llama.cpp's adjacent-pair rotary layout into the NEOX half layout."""
     per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
     return (np.arange(n_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
-
-
-def rope_tables(cfg: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Host-side rotary tables `[len(positions), dh/2]` (cos, sin) for ONNX `RotaryEmbedding`."""
-    half = cfg.rope_dim // 2
-    inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
-    pos = positions.astype(np.float64)
-    if cfg.rope_scaling.type == "linear" and cfg.rope_scaling.factor:
-        pos = pos / cfg.rope_scaling.factor
-    ang = pos[:, None] * inv_freq[None, :]
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-def check_supported(cfg: ModelConfig) -> None:
-    """Refuse models whose math the graphs do not implement, rather than run them wrongly."""
-    if cfg.rope_dim != cfg.head_dim:
-        raise UnsupportedModelError(
-            f"{cfg.name}: partial rotary (rope dim {cfg.rope_dim} of head dim {cfg.head_dim}) "
-            "is not supported"
-        )
-    if cfg.rope_scaling.type not in ("none", "linear"):
-        raise UnsupportedModelError(
-            f"{cfg.name}: rope scaling {cfg.rope_scaling.type!r} is not supported"
-        )
-    if cfg.n_heads % cfg.n_kv_heads:
-        raise UnsupportedModelError(f"{cfg.name}: heads do not divide into KV groups")
 
 
 # --------------------------------------------------------------------------- weights
@@ -182,6 +157,10 @@ class _Layer:
     out: list[_Linear]
     gate_up: list[_Linear]
     down: list[_Linear]
+    q_norm: str = ""  # per-head norms of Q (with the attention scale folded in) and K
+    k_norm: str = ""
+    post_attn_norm: str = ""  # norms of the attention and MLP outputs
+    post_ffn_norm: str = ""
 
 
 @dataclass
@@ -271,7 +250,8 @@ def _qkv(g: GGUFFile, cfg: ModelConfig, p: str) -> tuple[list[QuantMatrix], np.n
         mats[0], mats[1] = mats[0].rows(perm_q), mats[1].rows(perm_k)
         if biases is not None:
             biases[0], biases[1] = biases[0][perm_q], biases[1][perm_k]
-    scale = 1.0 / np.sqrt(cfg.head_dim)
+    # The attention scale rides in Q's weights, or in Q's norm when a norm follows them.
+    scale = 1.0 if cfg.qk_norm else cfg.q_scale
     mats[0] = mats[0].scaled(scale)
     if biases is None:
         return mats, None
@@ -284,9 +264,6 @@ def write_weights(
 ) -> _Weights:
     """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout)."""
     cfg = g.config
-    check_supported(cfg)
-    if any(name.startswith("rope_factors") for name in g.tensors):  # Phi-3 128k "longrope"
-        raise UnsupportedModelError(f"{g.path.name}: per-frequency rope factors are not supported")
     w = _WeightWriter(out_dir / WEIGHTS_FILE)
     try:
         layers = []
@@ -297,16 +274,24 @@ def write_weights(
                 gate_up = [_matrix(g, p + "ffn_up.weight")]
             else:
                 gate_up = [_matrix(g, p + "ffn_gate.weight"), _matrix(g, p + "ffn_up.weight")]
-            layers.append(
-                _Layer(
-                    attn_norm=w.add(p + "attn_norm", _vector(g, p + "attn_norm.weight")),
-                    ffn_norm=w.add(p + "ffn_norm", _vector(g, p + "ffn_norm.weight")),
-                    qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias),
-                    out=_store_linear(w, p + "attn_out", [_matrix(g, p + "attn_output.weight")]),
-                    gate_up=_store_linear(w, p + "gate_up", gate_up),
-                    down=_store_linear(w, p + "down", [_matrix(g, p + "ffn_down.weight")]),
-                )
+            layer = _Layer(
+                attn_norm=w.add(p + "attn_norm", _vector(g, p + "attn_norm.weight")),
+                ffn_norm=w.add(p + "ffn_norm", _vector(g, p + "ffn_norm.weight")),
+                qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias),
+                out=_store_linear(w, p + "attn_out", [_matrix(g, p + "attn_output.weight")]),
+                gate_up=_store_linear(w, p + "gate_up", gate_up),
+                down=_store_linear(w, p + "down", [_matrix(g, p + "ffn_down.weight")]),
             )
+            if cfg.qk_norm:
+                q_norm = _vector(g, p + "attn_q_norm.weight") * np.float32(cfg.q_scale)
+                layer.q_norm = w.add(p + "q_norm", q_norm.astype(np.float32))
+                layer.k_norm = w.add(p + "k_norm", _vector(g, p + "attn_k_norm.weight"))
+            if cfg.post_norms:
+                post_attn = _vector(g, p + "post_attention_norm.weight")
+                layer.post_attn_norm = w.add(p + "post_attn_norm", post_attn)
+                post_ffn = _vector(g, p + "post_ffw_norm.weight")
+                layer.post_ffn_norm = w.add(p + "post_ffn_norm", post_ffn)
+            layers.append(layer)
             if progress:
                 progress((i + 1) / (cfg.n_layers + 1))
         head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
@@ -356,6 +341,12 @@ class _Graph:
         name = "c_" + "_".join(str(v).replace("-", "m") for v in values)
         if name not in self.consts:
             self.consts[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+        return name
+
+    def scalar(self, value: float) -> str:
+        """A float32 scalar constant."""
+        name = f"f_{len(self.consts)}"
+        self.consts[name] = numpy_helper.from_array(np.array(value, np.float32), name)
         return name
 
 
@@ -519,6 +510,10 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
         _value_info("sin", [1, s_dim, dh // 2]),
         _value_info("logit_rows", [r_dim], TensorProto.INT64),
     ]
+    if cfg.mixed_windows:  # the sliding layers' mask (`layer_inputs`)
+        inputs.append(_value_info("mask_swa", [1, 1, s_dim, c_dim if inplace else total]))
+    if cfg.local_rope:  # the sliding layers' rotary tables
+        inputs += [_value_info(f"{t}_swa", [1, s_dim, dh // 2]) for t in ("cos", "sin")]
     if inplace:
         inputs.append(_value_info("kv_slots", [1, hkv, s_dim, 3], TensorProto.INT64))
     if spec.row_padding:
@@ -538,7 +533,12 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
 
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
     # [C, S] split of the attention columns into cached slots and new rows.
-    mask = gr.op("Tile", ["mask", gr.ints([1, 1, grp, 1])]) if grp > 1 else "mask"
+    def tiled(name: str) -> str:
+        return gr.op("Tile", [name, gr.ints([1, 1, grp, 1])]) if grp > 1 else name
+
+    masks = {False: tiled("mask")}
+    if cfg.mixed_windows:
+        masks[True] = tiled("mask_swa")
     pad = _RowPad(gr.op("Shape", ["embeddings"], start=1, end=2)) if spec.row_padding else None
     if inplace:
         split_cs = None  # no [C, S] column split: attention reads the cache only
@@ -565,21 +565,35 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
         summed = gr.op("Add", [x, delta])
         return gr.op("SimplifiedLayerNormalization", [summed, weight], axis=-1, epsilon=eps), summed
 
-    def rope(x: str, out: str | None = None) -> str:
-        return gr.op("RotaryEmbedding", [x, "cos", "sin"], outputs=[out] if out else None)
+    def rope(x: str, local: bool, out: str | None = None) -> str:
+        cos, sin = ("cos_swa", "sin_swa") if local and cfg.local_rope else ("cos", "sin")
+        return gr.op("RotaryEmbedding", [x, cos, sin], outputs=[out] if out else None)
+
+    def heads(x: str, n: int, norm_weight: str) -> str:
+        """[S, n·dh] -> [1, n, S, dh], each head RMS-normed first when the arch norms Q/K."""
+        x = gr.op("Reshape", [x, gr.ints([1, -1, n, dh])])
+        if norm_weight:
+            x = gr.op("SimplifiedLayerNormalization", [x, norm_weight], axis=-1, epsilon=eps)
+        return gr.op("Transpose", [x], perm=[0, 2, 1, 3])
+
+    def post_norm(x: str, weight: str) -> str:
+        if not weight:
+            return x
+        return gr.op("SimplifiedLayerNormalization", [x, weight], axis=-1, epsilon=eps)
 
     # The residual stream is 2-D [S, D] (MatMulNBits and the norms take it; Gemm needs it).
     x, delta = gr.op("Reshape", ["embeddings", gr.ints([-1, d])]), None
+    if cfg.embed_scale != 1.0:
+        x = gr.op("Mul", [x, gr.scalar(cfg.embed_scale)])
     for i, layer in enumerate(weights.layers):
+        local = bool(cfg.swa_layers) and cfg.swa_layers[i]
+        mask = masks[local and cfg.mixed_windows]
         n1, x = norm(x, layer.attn_norm, delta)
         qkv = _linear(gr, n1, layer.qkv, level, pad)
         q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
         # Q [1,S,H·dh] -> [1,H,S,dh] -> rotary -> [1,Hkv,G·S,dh] (rows g·S + s, as Tile(mask))
-        q = gr.op("Transpose", [gr.op("Reshape", [q, gr.ints([1, -1, h, dh])])], perm=[0, 2, 1, 3])
-        q = gr.op("Reshape", [rope(q), gr.ints([0, hkv, -1, dh])])
-        k = gr.op(
-            "Transpose", [gr.op("Reshape", [k, gr.ints([1, -1, hkv, dh])])], perm=[0, 2, 1, 3]
-        )
+        q = gr.op("Reshape", [rope(heads(q, h, layer.q_norm), local), gr.ints([0, hkv, -1, dh])])
+        k = heads(k, hkv, layer.k_norm)
         v = gr.op(
             "Transpose",
             [gr.op("Reshape", [v, gr.ints([1, -1, hkv, dh])])],
@@ -587,19 +601,23 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
             perm=[0, 2, 1, 3],
         )
         if split_cs is None:
-            att = _attend_inplace(gr, i, q, rope(k), v, mask)
+            att = _attend_inplace(gr, i, q, rope(k, local), v, mask)
         else:
-            att = _attend_split(gr, i, q, rope(k, f"new_k_{i}"), v, mask, split_cs)
+            att = _attend_split(gr, i, q, rope(k, local, f"new_k_{i}"), v, mask, split_cs)
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
         att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])
-        n2, x = norm(x, layer.ffn_norm, _linear(gr, att, layer.out, level, pad))
+        attn_out = post_norm(_linear(gr, att, layer.out, level, pad), layer.post_attn_norm)
+        n2, x = norm(x, layer.ffn_norm, attn_out)
         gu = _linear(gr, n2, layer.gate_up, level, pad, keep_pad=True)
         gate, up = gr.op("Split", [gu, gr.ints([cfg.ffn_dim, cfg.ffn_dim])], n_out=2, axis=-1)
-        act = gr.op("Mul", [gr.op("Mul", [gate, gr.op("Sigmoid", [gate])]), up])
+        if cfg.activation == "gelu_tanh":
+            act = gr.op("Mul", [gr.op("Gelu", [gate], approximate="tanh"), up])
+        else:
+            act = gr.op("Mul", [gr.op("Mul", [gate, gr.op("Sigmoid", [gate])]), up])
         if pad is not None and gu in pad.carrying:
             pad.carrying.add(act)  # row-wise ops: the pad rows ride along
-        delta = _linear(gr, act, layer.down, level, pad)
+        delta = post_norm(_linear(gr, act, layer.down, level, pad), layer.post_ffn_norm)
 
     # Only the requested rows reach the final norm and the LM head.
     rows_x = gr.op("Gather", [x, "logit_rows"], axis=0)

@@ -39,15 +39,9 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_builder import (
-    BUILDER_VERSION,
-    WEIGHTS_FILE,
-    GraphSpec,
-    build_graphs,
-    rope_tables,
-    spec_digest,
-)
+from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
 from .kvcache import KVCache, KVSnapshot
+from .layer_inputs import apply_window, rope_tables
 from .npu_compile import default_npu_capacity
 from .npu_graphs import NpuGraphs
 from .process_memory import releasing_file_pages
@@ -147,8 +141,11 @@ class Model:
         self.device = device
         self.prefill_chunk = int(prefill_chunk)
         self.verify_k = int(verify_k)
-        # Full attention is exact only up to a sliding window, where a model has one (Phi-3).
+        # Full attention is exact only up to a sliding window the graphs do not apply (Phi-3's);
+        # the windows of the other archs are in their masks (`layer_inputs`).
         window = int(self._gguf.metadata.get(f"{cfg.arch}.attention.sliding_window", 0) or 0)
+        if cfg.swa_layers:
+            window = 0
         context = min(cfg.context_length, window) if window > 0 else cfg.context_length
         caps = list(capacities) if capacities else default_capacities(context)
         if device == "npu":  # one static capacity: each costs a compiled binary per graph
@@ -205,7 +202,9 @@ class Model:
         self._emb_raw = self._gguf.raw("token_embd.weight")
         self._emb_type = emb.ggml_type
         self._emb_rows: dict[int, np.ndarray] = {}
-        self._cos, self._sin = rope_tables(cfg, np.arange(self._kv.max_capacity))
+        positions = np.arange(self._kv.max_capacity)
+        self._cos, self._sin = rope_tables(cfg, positions)
+        self._cos_swa, self._sin_swa = rope_tables(cfg, positions, local=True)
         report("ready", 1.0)
 
     # ------------------------------------------------------------------ state
@@ -353,7 +352,8 @@ class Model:
         kv.ensure(n + s)
         if self._npu is not None:
             emb, rows = self.embed(ids), slice(n, n + s)
-            logits = self._npu.step(emb, self._cos[rows], self._sin[rows], kv, all_rows)
+            local = (self._cos_swa[rows], self._sin_swa[rows])
+            logits = self._npu.step(emb, self._cos[rows], self._sin[rows], kv, all_rows, local)
             kv.n = n + s
             return logits
         pad = 1 if self.exact_decode and s == 1 else 0
@@ -364,6 +364,13 @@ class Model:
         buf.sin[0] = self._sin[pos]
         buf.slots[..., 2] = pos
         kv.fill_causal_mask(buf.mask, pos)
+        cfg = self.config
+        if cfg.swa_layers:  # sliding layers: every layer (mask) or some (mask_swa)
+            out = buf.mask_swa if cfg.mixed_windows else buf.mask
+            apply_window(out, pos, np.arange(kv.capacity), cfg.sliding_window, buf.mask)
+        if cfg.local_rope:
+            buf.cos_swa[0] = self._cos_swa[pos]
+            buf.sin_swa[0] = self._sin_swa[pos]
         assert self._session is not None
         self._session.run_with_iobinding(self._io)  # writes the new K/V rows into the cache
         kv.n = n + s
@@ -398,4 +405,12 @@ class _StepBuffers:
             "kv_slots": value(self.slots),
             "pad_rows": value(np.zeros(p, np.int64)),  # row 0 again, or nothing (`_RowPad`)
         }
+        # Sliding layers' own mask and rotary tables, for models whose layers differ.
+        self.mask_swa = np.zeros_like(self.mask)
+        self.cos_swa, self.sin_swa = np.zeros_like(self.cos), np.zeros_like(self.sin)
+        if cfg.mixed_windows:
+            self.inputs["mask_swa"] = value(self.mask_swa)
+        if cfg.local_rope:
+            self.inputs["cos_swa"] = value(self.cos_swa)
+            self.inputs["sin_swa"] = value(self.sin_swa)
         self.outputs = {"logits": value(self.logits)}

@@ -27,6 +27,7 @@ from .errors import NpuchatError
 from .gguf_reader import ModelConfig
 from .graph_builder import GraphSpec
 from .kvcache import KVCache
+from .layer_inputs import apply_window
 from .npu_compile import CompiledGraphs, compile_npu_graphs, load_compiled_session, npu_specs
 from .runtime import GraphCache
 
@@ -49,6 +50,9 @@ class _Bound:
         self.cos = np.zeros((1, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
         self.logit_rows = np.arange(s - r, s, dtype=np.int64)
+        self.cfg = cfg
+        self.mask_swa = np.zeros_like(self.mask)
+        self.cos_swa, self.sin_swa = np.zeros_like(self.cos), np.zeros_like(self.sin)
         self.logits = np.zeros((r, cfg.vocab_size), f32)
         kv_shape = (1, cfg.n_kv_heads, s, cfg.head_dim)
         self.new_k = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
@@ -61,6 +65,8 @@ class _Bound:
             ("cos", self.cos),
             ("sin", self.sin),
             ("logit_rows", self.logit_rows),
+            *([("mask_swa", self.mask_swa)] if cfg.mixed_windows else []),
+            *([("cos_swa", self.cos_swa), ("sin_swa", self.sin_swa)] if cfg.local_rope else []),
         ):
             self._bind(name, arr, output=False)
         self._bind("logits", self.logits, output=True)
@@ -142,12 +148,13 @@ class NpuGraphs:
         sin: np.ndarray,
         kv: KVCache,
         all_rows: bool,
+        local: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Run `s` new rows at slot `kv.n`; write their K/V into the cache; return logits.
 
         `embeddings` is `[s, D]`, `cos`/`sin` `[s, dh/2]` for positions n..n+s-1. Returns the
         last row's logits `[1, vocab]`, or every row's `[s, vocab]` when `all_rows`. The caller
-        advances `kv.n`.
+        advances `kv.n`. `local` is the sliding layers' (cos, sin) for models with their own.
         """
         s, n = embeddings.shape[0], kv.n
         if kv.capacity != self.capacity:
@@ -162,6 +169,15 @@ class NpuGraphs:
             g.cos[0, :pad] = cos[0]
             g.sin[0, :pad] = sin[0]
         kv.fill_mask(g.mask, pad)
+        cfg = g.cfg
+        if cfg.swa_layers:  # columns: the C slots, then the S new rows (pad rows stay hidden)
+            rows = np.arange(n - pad, n + s)
+            cols = np.concatenate([np.arange(kv.capacity), rows])
+            out = g.mask_swa if cfg.mixed_windows else g.mask
+            apply_window(out, rows, cols, cfg.sliding_window, g.mask)
+        if cfg.local_rope and local is not None:
+            g.cos_swa[0, pad:], g.sin_swa[0, pad:] = local
+            g.cos_swa[0, :pad], g.sin_swa[0, :pad] = local[0][0], local[1][0]
         g.bind_cache(kv)
         g.session.run_with_iobinding(g.io)
         kv.write(g.new_k, g.new_v, slice(pad, None), n)

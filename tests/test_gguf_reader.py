@@ -28,7 +28,10 @@ EXPECTED_ARCH = {
     "llama": {"rope_theta": 100000.0, "rms_eps": 1e-5, "tied": True, "n_vocab": 403},
     "qwen2": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": False, "n_vocab": 403},
     "phi3": {"rope_theta": 10000.0, "rms_eps": 1e-5, "tied": False, "n_vocab": 481},
+    "qwen3": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": True, "n_vocab": 403},
+    "gemma3": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": True, "n_vocab": 479},
 }
+WIDE_HEADS = ("qwen3", "gemma3")  # head_dim = 2 * d_model / n_heads in the synthetic files
 
 
 def _check_config(
@@ -51,13 +54,23 @@ def _check_config(
     assert cfg.d_model == d_model
     assert cfg.n_heads == n_heads
     assert cfg.n_kv_heads == n_kv_heads
-    assert cfg.head_dim == d_model // n_heads
+    assert cfg.head_dim == (2 if arch in WIDE_HEADS else 1) * d_model // n_heads
     assert cfg.n_groups == n_heads // n_kv_heads
     assert cfg.ffn_dim == ffn_dim
     assert cfg.vocab_size == exp["n_vocab"]
     assert cfg.context_length == context_length
     assert cfg.rope_theta == exp["rope_theta"]
-    assert cfg.rope_dim == d_model // n_heads
+    assert cfg.rope_dim == cfg.head_dim
+    assert cfg.qk_norm is (arch in WIDE_HEADS)
+    assert cfg.post_norms is (arch == "gemma3")
+    assert cfg.activation == ("gelu_tanh" if arch == "gemma3" else "silu")
+    assert cfg.embed_scale == pytest.approx(np.sqrt(d_model) if arch == "gemma3" else 1.0)
+    assert cfg.q_scale == pytest.approx(1 / np.sqrt(cfg.head_dim))
+    if arch == "gemma3":  # window 8 on every other layer (pattern 2), sliding base 10000
+        assert cfg.sliding_window == 8 and cfg.rope_theta_swa == 10000.0
+        assert cfg.swa_layers == tuple(i % 2 == 0 for i in range(n_layers))
+    else:
+        assert cfg.sliding_window == 0 and cfg.swa_layers == ()
     orig_ctx = context_length if arch == "phi3" else 0
     assert cfg.rope_scaling == RopeScaling("none", 1.0, orig_ctx)
     assert cfg.rms_eps == pytest.approx(exp["rms_eps"], rel=1e-6)
@@ -119,6 +132,10 @@ def _expected_tensors(arch: str, n_layers: int, tied: bool) -> set[str]:
     )
     if arch == "qwen2":
         per_layer += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+    if arch in ("qwen3", "gemma3"):
+        per_layer += ["attn_q_norm.weight", "attn_k_norm.weight"]
+    if arch == "gemma3":
+        per_layer += ["post_attention_norm.weight", "post_ffw_norm.weight"]
     names = {f"blk.{i}.{n}" for i in range(n_layers) for n in per_layer}
     names |= {"token_embd.weight", "output_norm.weight"}
     if not tied:
@@ -138,6 +155,7 @@ def test_tensor_directory_matches_gguf_py(
     assert set(g.tensors) == _expected_tensors(arch, cfg.n_layers, cfg.tied_embeddings)
     qtype = ggml_type(tensor_type)
     d, f, kv = cfg.d_model, cfg.ffn_dim, cfg.n_kv_heads * cfg.head_dim
+    assert g.tensors["blk.0.attn_output.weight"].shape == (cfg.n_heads * cfg.head_dim, d)
     assert g.tensors["token_embd.weight"].shape == (d, cfg.vocab_size)
     assert g.tensors["blk.0.ffn_down.weight"].shape == (f, d)
     if arch == "phi3":
@@ -164,9 +182,15 @@ def test_metadata_tokenizer_arrays(arch: str, synthetic_gguf: MakeGGUF) -> None:
     tokens = m["tokenizer.ggml.tokens"]
     types = m["tokenizer.ggml.token_type"]
     assert len(tokens) == len(types) == len(set(tokens))
-    assert tokens[m["tokenizer.ggml.eos_token_id"]] in ("<|im_end|>", "<|endoftext|>")
+    eos = tokens[m["tokenizer.ggml.eos_token_id"]]
+    assert eos in ("<|im_end|>", "<|endoftext|>", "<eos>")
     control = {tokens[i] for i in np.flatnonzero(types == TokenType.CONTROL)}
-    if arch == "phi3":
+    if arch == "gemma3":
+        assert m["tokenizer.ggml.model"] == "llama"
+        assert control == {"<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"}
+        assert m["tokenizer.ggml.add_space_prefix"] is False
+        assert "<start_of_turn>" in m["tokenizer.chat_template"]
+    elif arch == "phi3":
         assert m["tokenizer.ggml.model"] == "llama"
         assert {"<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>"} <= control
         assert int((types == TokenType.BYTE).sum()) == 256
@@ -175,7 +199,7 @@ def test_metadata_tokenizer_arrays(arch: str, synthetic_gguf: MakeGGUF) -> None:
         assert "<|user|>" in m["tokenizer.chat_template"]
     else:
         assert m["tokenizer.ggml.model"] == "gpt2"
-        assert m["tokenizer.ggml.pre"] == {"llama": "smollm", "qwen2": "qwen2"}[arch]
+        assert m["tokenizer.ggml.pre"] == ("smollm" if arch == "llama" else "qwen2")
         assert control == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
         vocab = set(tokens)
         for merge in m["tokenizer.ggml.merges"]:  # every merge joins two tokens into a token

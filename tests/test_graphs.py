@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from gguf import GGUFWriter
 from reference_forward import ReferenceModel
 from synthetic import ARCHS, TENSOR_TYPES
 
@@ -31,6 +32,7 @@ from npuchat.engine.errors import NpuchatError
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.graph_builder import GraphSpec, build_graphs, rope_tables
 from npuchat.engine.kvcache import KVCache
+from npuchat.engine.layer_inputs import apply_window
 from npuchat.engine.model import Model
 from npuchat.engine.quant import dequantize_rows
 
@@ -102,6 +104,52 @@ def test_logits_match_reference(
         assert err <= tol, f"position {pos}: max|diff|/max|logit| = {err:.2e} > {tol:.0e}"
 
 
+def _gemma_linear_rope(w: GGUFWriter) -> None:
+    w.add_string("gemma3.rope.scaling.type", "linear")
+    w.add_float32("gemma3.rope.scaling.factor", 8.0)
+
+
+# Variants of the newer archs' features, each on one model (arch, writer options).
+VARIANTS = {
+    "llama3-rope-factors": ("llama", {"rope_freq_factors": True}),
+    "mistral-window": ("llama", {"sliding_window": 12}),
+    "gemma3-pattern6": ("gemma3", {"n_layers": 6, "swa_pattern": 6, "sliding_window": 12}),
+    "gemma3-linear-rope": ("gemma3", {"extra": _gemma_linear_rope}),
+}
+
+
+@pytest.mark.parametrize(("type_name", "accuracy_level"), [("q8_0", 0), ("q4_k", 4)])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_feature_variants_match_reference(
+    synthetic_gguf,  # noqa: F811
+    tmp_path: Path,
+    variant: str,
+    type_name: str,
+    accuracy_level: int,
+) -> None:
+    """Rope factors, a window on every layer, Gemma's default 5-local:1-global layout with a
+    window crossed by the script, and linear rope scaling on Gemma's global layers only."""
+    arch, kw = VARIANTS[variant]
+    path = synthetic_gguf(arch, type_name, **kw)
+    ref = ReferenceModel(path)
+    seq = [int(t) for t in np.random.default_rng(8).integers(0, ref.config.vocab_size, 64)]
+    expect = ref.logits(seq)
+    scale = float(np.abs(expect).max())
+    with Model.load(
+        path,
+        cache_dir=tmp_path,
+        prefill_chunk=P,
+        verify_k=4,
+        capacities=CAPS,
+        accuracy_level=accuracy_level,
+    ) as model:
+        rows = scripted_run(model, seq)
+    tol = tolerance(type_name, accuracy_level)
+    for pos, row in rows.items():
+        err = float(np.abs(row - expect[pos]).max()) / scale
+        assert err <= tol, f"position {pos}: max|diff|/max|logit| = {err:.2e} > {tol:.0e}"
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_static_graphs_with_padding_match_reference(
     synthetic_gguf,
@@ -110,7 +158,8 @@ def test_static_graphs_with_padding_match_reference(
 ) -> None:
     """The NPU form: fixed S and C, unfused norms, a left-padded prefill chunk (the padding rows
     are masked and never written back), then a verify graph with logits for every row."""
-    path = synthetic_gguf(arch, "q4_k")
+    window = {"sliding_window": 4} if arch == "gemma3" else {}  # shorter than the 8 tokens
+    path = synthetic_gguf(arch, "q4_k", **window)
     ref = ReferenceModel(path)
     cfg = ref.config
     seq = [int(t) for t in np.random.default_rng(11).integers(0, cfg.vocab_size, 8)]
@@ -130,7 +179,8 @@ def test_static_graphs_with_padding_match_reference(
             sess = ort.InferenceSession(str(files[name]), providers=["CPUExecutionProvider"])
             emb = np.zeros((1, s, cfg.d_model), np.float32)
             emb[0, pad:] = dequantize_rows(table, info.ggml_type, cfg.d_model, np.array(ids))
-            cos, sin = rope_tables(cfg, np.arange(kv.n - pad, kv.n + len(ids)).clip(0))
+            positions = np.arange(kv.n - pad, kv.n + len(ids))
+            cos, sin = rope_tables(cfg, positions.clip(0))
             feeds = {
                 "embeddings": emb,
                 "mask": kv.mask(s, pad),
@@ -138,6 +188,13 @@ def test_static_graphs_with_padding_match_reference(
                 "sin": sin[None],
                 "logit_rows": np.arange(s - specs[name].logit_rows, s, dtype=np.int64),
             }
+            if cfg.mixed_windows:  # columns: 32 slots, then the s new rows
+                feeds["mask_swa"] = np.empty_like(feeds["mask"])
+                cols = np.concatenate([np.arange(32), positions])
+                apply_window(feeds["mask_swa"], positions, cols, cfg.sliding_window, feeds["mask"])
+            if cfg.local_rope:
+                cos_l, sin_l = rope_tables(cfg, positions.clip(0), local=True)
+                feeds["cos_swa"], feeds["sin_swa"] = cos_l[None], sin_l[None]
             for i in range(cfg.n_layers):
                 feeds[f"past_k_{i}"], feeds[f"past_v_{i}"] = kv.k[i], kv.v[i]
             out = sess.run(None, feeds)

@@ -204,11 +204,14 @@ TIE_GAP = 0.15
 LLAMA_CPP_BOUNDS = {
     "smollm2-135m": (0.93, 1.5, 0.2),
     "qwen2.5-coder-0.5b": (1.0, 0.4, 0.1),
+    # Measured: 133 of 133 decided steps equal; top-5 error mean 0.14, p90 0.33, max 2.0 (on
+    # low-probability tokens: int8 activations here, llama.cpp's Q8 activations and fp16 KV).
+    "gemma3-270m": (0.98, 2.5, 0.2),
 }
 
 
 @pytest.mark.realmodel
-@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("name", list(LLAMA_CPP_BOUNDS))
 def test_real_model_agrees_with_llama_cpp(real_gguf, tmp_path: Path, name: str) -> None:
     cases = json.loads((REFERENCE_DIR / f"greedy-{name}.json").read_text())["cases"]
     min_agree, max_bound, mean_bound = LLAMA_CPP_BOUNDS[name]

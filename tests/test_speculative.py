@@ -121,7 +121,15 @@ def _decode_and_verify(m: Model, prompt: list[int], tokens: list[int]) -> list[t
 
 @pytest.mark.parametrize(
     ("arch", "tensor_type"),
-    [("qwen2", "q4_0"), ("llama", "q4_1"), ("phi3", "q4_k"), ("qwen2", "q8_0"), ("llama", "f16")],
+    [
+        ("qwen2", "q4_0"),
+        ("llama", "q4_1"),
+        ("phi3", "q4_k"),
+        ("qwen2", "q8_0"),
+        ("llama", "f16"),
+        ("qwen3", "q4_k"),
+        ("gemma3", "q4_1"),  # window 8: the later rows slide
+    ],
 )
 def test_verify_rows_equal_decode_logits_bit_for_bit(
     arch: str, tensor_type: str, tmp_path: Path, cache: Path
