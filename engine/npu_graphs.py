@@ -59,15 +59,18 @@ class _Bound:
         self.new_v = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
         self.io = session.io_binding()
         self._values: list[ort.OrtValue] = []  # keep the OrtValues alive while bound
-        for name, arr in (
+        inputs: list[tuple[str, np.ndarray]] = [
             ("embeddings", self.embeddings),
             ("mask", self.mask),
             ("cos", self.cos),
             ("sin", self.sin),
             ("logit_rows", self.logit_rows),
-            *([("mask_swa", self.mask_swa)] if cfg.mixed_windows else []),
-            *([("cos_swa", self.cos_swa), ("sin_swa", self.sin_swa)] if cfg.local_rope else []),
-        ):
+        ]
+        if cfg.mixed_windows:
+            inputs.append(("mask_swa", self.mask_swa))
+        if cfg.local_rope:
+            inputs += [("cos_swa", self.cos_swa), ("sin_swa", self.sin_swa)]
+        for name, arr in inputs:
             self._bind(name, arr, output=False)
         self._bind("logits", self.logits, output=True)
         for i in range(cfg.n_layers):

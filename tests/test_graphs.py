@@ -121,7 +121,7 @@ VARIANTS = {
 @pytest.mark.parametrize(("type_name", "accuracy_level"), [("q8_0", 0), ("q4_k", 4)])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_feature_variants_match_reference(
-    synthetic_gguf,  # noqa: F811
+    synthetic_gguf,
     tmp_path: Path,
     variant: str,
     type_name: str,
