@@ -3,24 +3,42 @@
 # on a machine that reaches PyPI but not GitHub: the llama-cpp-python sdist carries llama.cpp's
 # whole source tree. Prints the binary's path (built once into ~/.cache/npuchat-bench). Needs
 # cmake and a C++ compiler; about 8 minutes on 2 cores. Usage: build_llama_bench.sh [VERSION]
+# The sdist's Python bindings are kept beside the build ($dest/python-llama_cpp).
 set -euo pipefail
 version="${1:-0.3.36}"
 dest="${NPUCHAT_LLAMA_DIR:-$HOME/.cache/npuchat-bench/llama.cpp-$version}"
 bin="$dest/build/bin/llama-bench"
-if [ -x "$bin" ]; then
+if [ -x "$bin" ] && [ -d "$dest/python-llama_cpp" ]; then
     echo "$bin"
     exit 0
 fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
     "llama-cpp-python==$version" -d "$work" >&2
 tar xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work"
 mkdir -p "$(dirname "$dest")"
 rm -rf "$dest"
 mv "$work/llama_cpp_python-$version/vendor/llama.cpp" "$dest"
-cmake -S "$dest" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+# GGML_NATIVE compiles for every feature the CPU lists; on CPUs that list AMX the resulting
+# binary dies with SIGILL here (AMX tiles need kernel permission the build host may not grant),
+# so there: no native build, the AVX family switched on explicitly, AMX off.
+cpu_flags=(-DGGML_NATIVE=ON)
+if grep -qw 'amx_tile\|amx_int8\|amx_bf16' /proc/cpuinfo 2>/dev/null; then
+    has() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
+    cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)"
+        -DGGML_F16C="$(has f16c)" -DGGML_AVX512="$(has avx512f)"
+        -DGGML_AVX512_VNNI="$(has avx512_vnni)" -DGGML_AVX512_BF16="$(has avx512_bf16)"
+        -DGGML_AVX_VNNI="$(has avx_vnni)"
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    echo "CPU lists AMX: building without GGML_NATIVE, AMX off" >&2
+fi
+# Shared libraries: benchmarks/llama_cpp_reference.py drives libllama through the sdist's
+# ctypes bindings (llama_cpp/, LLAMA_CPP_LIB_PATH) to record llama.cpp's logits as test data.
+cmake -S "$dest" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release "${cpu_flags[@]}" \
+    -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >&2
-cmake --build "$dest/build" --target llama-bench -j "$(nproc)" >&2
+cmake --build "$dest/build" --target llama-bench llama -j "$(nproc)" >&2
+mv "$work/llama_cpp_python-$version/llama_cpp" "$dest/python-llama_cpp"
 echo "$bin"

@@ -571,9 +571,10 @@ def make_graph(cfg: ModelConfig, weights: _Weights, spec: GraphSpec) -> onnx.Mod
 
     def heads(x: str, n: int, norm_weight: str) -> str:
         """[S, n·dh] -> [1, n, S, dh], each head RMS-normed first when the arch norms Q/K."""
-        x = gr.op("Reshape", [x, gr.ints([1, -1, n, dh])])
-        if norm_weight:
+        if norm_weight:  # over [S·n, dh] rows: on 4-D input the HTP computed wrong norms
+            x = gr.op("Reshape", [x, gr.ints([-1, dh])])
             x = gr.op("SimplifiedLayerNormalization", [x, norm_weight], axis=-1, epsilon=eps)
+        x = gr.op("Reshape", [x, gr.ints([1, -1, n, dh])])
         return gr.op("Transpose", [x], perm=[0, 2, 1, 3])
 
     def post_norm(x: str, weight: str) -> str:

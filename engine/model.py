@@ -406,8 +406,10 @@ class _StepBuffers:
             "pad_rows": value(np.zeros(p, np.int64)),  # row 0 again, or nothing (`_RowPad`)
         }
         # Sliding layers' own mask and rotary tables, for models whose layers differ.
-        self.mask_swa = np.zeros_like(self.mask)
-        self.cos_swa, self.sin_swa = np.zeros_like(self.cos), np.zeros_like(self.sin)
+        # (aliases of the shared ones, never bound, for models without them)
+        self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
+        self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
+        self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
         if cfg.mixed_windows:
             self.inputs["mask_swa"] = value(self.mask_swa)
         if cfg.local_rope:

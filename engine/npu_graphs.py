@@ -51,8 +51,10 @@ class _Bound:
         self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
         self.logit_rows = np.arange(s - r, s, dtype=np.int64)
         self.cfg = cfg
-        self.mask_swa = np.zeros_like(self.mask)
-        self.cos_swa, self.sin_swa = np.zeros_like(self.cos), np.zeros_like(self.sin)
+        # sliding layers' own inputs (aliases of the shared ones for models without them)
+        self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
+        self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
+        self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
         self.logits = np.zeros((r, cfg.vocab_size), f32)
         kv_shape = (1, cfg.n_kv_heads, s, cfg.head_dim)
         self.new_k = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]

@@ -59,11 +59,15 @@ DECODE_STEPS = 20
 REL_TOL = 1.5e-2
 # One weight format per arch, each on a different MatMulNBits path: 8-bit symmetric (llama),
 # 4-bit with block offsets and QKV bias (qwen2, the Gemm correction and the bias Add), 4-bit
-# symmetric with fused qkv / gate_up (phi3, 4 layers).
+# symmetric with fused qkv / gate_up (phi3, 4 layers); qwen3 adds the per-head Q/K norms, and
+# gemma3 the post norms, GELU, the embedding scale and sliding layers with their own mask and
+# rotary tables (window 8, crossed by the greedy run).
 MODELS = {
     "llama": ("q8_0", {}),
     "qwen2": ("q4_1", {}),
     "phi3": ("q4_0", {"n_layers": 4}),
+    "qwen3": ("q8_0", {}),
+    "gemma3": ("q4_0", {}),
 }
 
 
@@ -86,6 +90,7 @@ class NpuDriver:
         )
         self.kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, [CAPACITY])
         self.cos, self.sin = rope_tables(cfg, np.arange(CAPACITY))
+        self.cos_swa, self.sin_swa = rope_tables(cfg, np.arange(CAPACITY), local=True)
         self._emb: np.ndarray | None = self.gguf.raw("token_embd.weight")
         self._emb_type = self.gguf.tensors["token_embd.weight"].ggml_type
 
@@ -99,8 +104,10 @@ class NpuDriver:
         emb = dequantize_rows(
             self._emb, self._emb_type, self.cfg.d_model, np.asarray(ids, dtype=np.int64)
         )
+        rows = slice(n, n + s)
+        local = (self.cos_swa[rows], self.sin_swa[rows])
         out = self.graphs.step(
-            emb, self.cos[n : n + s], self.sin[n : n + s], self.kv, all_rows=all_rows
+            emb, self.cos[rows], self.sin[rows], self.kv, all_rows=all_rows, local=local
         )
         self.kv.n = n + s
         return out

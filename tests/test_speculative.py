@@ -598,12 +598,13 @@ def test_live_metrics_report_speculation(target: ChatSession) -> None:
 
 
 @pytest.mark.realmodel
-@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"])
 def test_real_model_verify_rows_equal_decode_bit_for_bit(
     name: str, real_gguf: Callable[[str], Path]
 ) -> None:
     """The same on real files (Q4_1; Q5_0/Q8_0/Q4_K/Q6_K), where a one-row and a multi-row
-    kernel would differ by 0.2–0.9 in the logits (measured before decode steps were padded)."""
+    kernel would differ by 0.2–0.9 in the logits (measured before decode steps were padded);
+    Gemma 3 (Q5_0/Q4_K/Q6_K/Q8_0) with its sliding and global layers."""
     graphs = real_models.test_cache_dir() / "graphs"
     with Model.load(real_gguf(name), cache_dir=graphs, threads=2, verify_k=7) as m:
         prompt = [int(t) for t in np.random.default_rng(2).integers(100, 5000, 250)]
