@@ -4,7 +4,8 @@ Gemma 3's vocabulary is a SentencePiece one in Gemma's layout (pad, eos, bos, un
 markers as control tokens, no space prefix, BOS added), with a Gemma-style chat template; its
 sliding layers are written with llama.cpp's keys. Llama 3's per-frequency rope factors follow
 Meta's llama3 scaling rule (factor 8, low/high frequency factors 1 and 4, original context 8192),
-the rule llama.cpp's converter uses to write `rope_freqs.weight`.
+the rule llama.cpp's converter uses to write `rope_freqs.weight`, with the original context
+scaled down to 32 positions so that the factors change the logits within a test's few tokens.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def add_window_metadata(w: GGUFWriter, arch: str, window: int | None, pattern: i
         w.add_sliding_window(window)
 
 
-def llama3_freq_factors(head_dim: int, theta: float = 100000.0) -> np.ndarray:
+def llama3_freq_factors(
+    head_dim: int, theta: float = 100000.0, old_ctx: int = 32
+) -> np.ndarray:
     """`rope_freqs.weight` by Meta's llama3 rule (as convert_hf_to_gguf computes it)."""
-    factor, low, high, old_ctx = 8.0, 1.0, 4.0, 8192
+    factor, low, high = 8.0, 1.0, 4.0
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     wavelen = 2 * np.pi / inv_freq
     smooth = (old_ctx / wavelen - low) / (high - low)
