@@ -80,9 +80,7 @@ def add_window_metadata(w: GGUFWriter, arch: str, window: int | None, pattern: i
         w.add_sliding_window(window)
 
 
-def llama3_freq_factors(
-    head_dim: int, theta: float = 100000.0, old_ctx: int = 32
-) -> np.ndarray:
+def llama3_freq_factors(head_dim: int, theta: float = 100000.0, old_ctx: int = 32) -> np.ndarray:
     """`rope_freqs.weight` by Meta's llama3 rule (as convert_hf_to_gguf computes it)."""
     factor, low, high = 8.0, 1.0, 4.0
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
