@@ -28,7 +28,14 @@ import numpy as np
 
 from .errors import UnsupportedModelError
 
-__all__ = ["SUPPORTED_ARCHS", "ArchTraits", "arch_traits", "check_config", "check_features"]
+__all__ = [
+    "SUPPORTED_ARCHS",
+    "ArchTraits",
+    "arch_traits",
+    "check_arch",
+    "check_config",
+    "check_features",
+]
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
 
@@ -108,17 +115,33 @@ def _num(m: Mapping[str, Any], key: str, default: float = 0.0) -> float:
         return float("nan")
 
 
-def check_features(g: _GGUFLike, name: str, arch: str) -> None:
-    """Raise `UnsupportedModelError` naming the first feature of `g` the engine does not do."""
+def _int(m: Mapping[str, Any], key: str, default: int = 0) -> int:
+    """A whole-number key (`default` when absent); a value that is no number is refused."""
+    value = _num(m, key, default)
+    if not math.isfinite(value):
+        shown = repr(m.get(key))[:40]
+        raise UnsupportedModelError(f"{key} = {shown} is not a number; the file is damaged")
+    return int(value)
+
+
+def check_arch(name: str, arch: str) -> None:
+    """Refuse an architecture the engine has no graphs for (before reading its keys)."""
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
             f"{name}: architecture {arch or '(none)'!r} is not supported; "
             f"npuchat runs {', '.join(SUPPORTED_ARCHS)} models"
         )
+
+
+def check_features(g: _GGUFLike, name: str, arch: str) -> None:
+    """Raise `UnsupportedModelError` naming the first feature of `g` the engine does not do.
+
+    Call it once the hyperparameters themselves were read and checked (`ModelConfig`)."""
+    check_arch(name, arch)
     m = g.metadata
     a = f"{arch}."
-    if _num(m, a + "expert_count") > 0 or _num(m, a + "expert_used_count") > 0:
-        n = int(_num(m, a + "expert_count"))
+    if _int(m, a + "expert_count") > 0 or _int(m, a + "expert_used_count") > 0:
+        n = _int(m, a + "expert_count")
         raise _feature(name, f"mixture-of-experts ({n} experts)")
     scaling = str(m.get(a + "rope.scaling.type", "none"))
     if scaling not in ("none", "linear"):
@@ -147,13 +170,13 @@ def check_features(g: _GGUFLike, name: str, arch: str) -> None:
         raise _feature(name, "non-causal attention")
     if a + "attention.layer_norm_epsilon" in m and a + "attention.layer_norm_rms_epsilon" not in m:
         raise _feature(name, "LayerNorm (only RMSNorm is)")
-    n_heads = max(1, int(_num(m, a + "attention.head_count", 1)))
-    per_head = int(_num(m, a + "embedding_length")) // n_heads
-    k_len = int(_num(m, a + "attention.key_length", per_head))
-    v_len = int(_num(m, a + "attention.value_length", k_len))
+    n_heads = max(1, _int(m, a + "attention.head_count", 1))
+    per_head = _int(m, a + "embedding_length") // n_heads
+    k_len = _int(m, a + "attention.key_length", per_head)
+    v_len = _int(m, a + "attention.value_length", k_len)
     if k_len != v_len:
         raise _feature(name, f"different K and V head sizes ({k_len} vs {v_len})")
-    window = int(_num(m, a + "attention.sliding_window"))
+    window = _int(m, a + "attention.sliding_window")
     if window > 0 and arch in ("qwen2", "qwen3"):
         raise _feature(name, f"sliding-window attention on {arch}")
     if arch != "gemma3":
@@ -166,7 +189,7 @@ def check_features(g: _GGUFLike, name: str, arch: str) -> None:
 def _check_tensors(g: _GGUFLike, name: str, arch: str) -> None:
     weights, biases = _LAYER_WEIGHTS[arch], _LAYER_BIASES[arch]
     globals_ = _GLOBAL_TENSORS | _EXTRA_GLOBALS.get(arch, set())
-    n_layers = int(_num(g.metadata, f"{arch}.block_count"))
+    n_layers = _int(g.metadata, f"{arch}.block_count")
     for tensor in g.tensors:
         hit = _RE_LAYER.match(tensor)
         if hit is None:
@@ -194,6 +217,10 @@ def _swa_layers(m: Mapping[str, Any], arch: str, n_layers: int, window: int) -> 
                 f"for {n_layers} layers"
             )
         return flags
+    if isinstance(pattern, bool) or not isinstance(pattern, int | np.integer) or pattern < 0:
+        raise UnsupportedModelError(
+            f"gemma3.attention.sliding_window_pattern = {pattern!r} is not a layer count"
+        )
     n = int(pattern)
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
 
@@ -201,8 +228,8 @@ def _swa_layers(m: Mapping[str, Any], arch: str, n_layers: int, window: int) -> 
 def arch_traits(g: _GGUFLike, name: str, arch: str, head_dim: int, d_model: int) -> ArchTraits:
     """The implemented features `g` uses (call `check_features` first)."""
     m = g.metadata
-    n_layers = int(_num(m, f"{arch}.block_count"))
-    window = int(_num(m, f"{arch}.attention.sliding_window"))
+    n_layers = _int(m, f"{arch}.block_count")
+    window = _int(m, f"{arch}.attention.sliding_window")
     swa = _swa_layers(m, arch, n_layers, window)
     factors: tuple[float, ...] = ()
     if "rope_freqs.weight" in g.tensors:
@@ -215,7 +242,7 @@ def arch_traits(g: _GGUFLike, name: str, arch: str, head_dim: int, d_model: int)
         factors = tuple(float(v) for v in values)
     if arch == "gemma3":
         # llama.cpp: 1/sqrt(d_model / n_heads) for the 62-layer 27B, else 1/sqrt(head_dim).
-        n_heads = int(_num(m, "gemma3.attention.head_count"))
+        n_heads = _int(m, "gemma3.attention.head_count")
         per_head = d_model / n_heads if n_layers == 62 else head_dim
         return ArchTraits(
             qk_norm=True,

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .arch_features import SUPPORTED_ARCHS, arch_traits, check_config, check_features
+from .arch_features import (
+    SUPPORTED_ARCHS,
+    arch_traits,
+    check_arch,
+    check_config,
+    check_features,
+)
 from .errors import NpuchatError, UnsupportedModelError
 
 __all__ = ["SUPPORTED_ARCHS", "GGUFFile", "ModelConfig", "RopeScaling", "TensorInfo", "read_config"]
@@ -297,7 +303,7 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> ModelConfig:
         arch = g.architecture
-        check_features(g, g.path.name, arch)
+        check_arch(g.path.name, arch)
         m = g.metadata
 
         def key(name: str, default: Any = None) -> Any:
@@ -355,6 +361,8 @@ class ModelConfig:
             factor=real("rope.scaling.factor", 1.0),
             original_context_length=count("rope.scaling.original_context_length", 0, low=0),
         )
+        count("block_count")  # checked before the features read it
+        check_features(g, g.path.name, arch)
         traits = arch_traits(g, g.path.name, arch, head_dim, d_model)
         cfg = cls(
             arch=arch,

@@ -120,3 +120,19 @@ def test_llama_features_change_the_logits(tmp_path: Path, kw: dict, feature: str
     if feature == "window":  # identical while every row sees all of its past
         np.testing.assert_allclose(with_it[:6], without[:6], rtol=1e-10, atol=1e-10)
     assert np.abs(with_it[8:] - without[8:]).max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        _key("gemma3.attention.sliding_window_pattern", "every sixth"),
+        _key("gemma3.attention.sliding_window", "wide"),
+        _key("gemma3.expert_count", "many"),
+    ],
+)
+def test_malformed_feature_keys_are_one_line_errors(tmp_path: Path, extra: Extra) -> None:
+    """A feature key of the wrong type is refused in one line naming it, never crashes."""
+    path = write_synthetic_gguf(tmp_path / "m.gguf", "gemma3", extra=extra)
+    with pytest.raises(UnsupportedModelError) as err:
+        read_config(path)
+    assert "\n" not in str(err.value) and "gemma3." in str(err.value)
