@@ -55,7 +55,8 @@ async def drive(app: NpuchatApp, turns: int, max_tokens: int) -> list[tuple[int,
         assert isinstance(screen, ChatScreen)
         engine = app.engine
         for turn in range(1, turns + 1):
-            await screen.action_new_chat()
+            await pilot.press("ctrl+n")  # through the app's queue, as a user's key would go
+            await pilot.pause(0.1)
             composer = screen.query_one(Composer)
             composer.focus()
             composer.text = f"{QUESTIONS[turn % len(QUESTIONS)]} (#{turn})"
@@ -63,6 +64,7 @@ async def drive(app: NpuchatApp, turns: int, max_tokens: int) -> list[tuple[int,
             await pilot.pause(0.05)
             while screen.generating or screen.conversation is None:
                 await pilot.pause(0.05)
+            await pilot.pause(0.2)  # let the sidebar refresh that ends a reply finish
             if turn == 10:
                 gc.collect()
                 tracemalloc.start(5)
