@@ -85,6 +85,9 @@ class ChatRequest:
     raw_prompt: str | None = None
     """Continue this text as is, with no chat template (special tokens in it are parsed, BOS
     added as the model wants); `system_prompt`, `messages` and `tools` are then ignored."""
+    continue_reply: bool = False
+    """The last message is an assistant reply cut short (by max_tokens): extend that reply
+    instead of starting a new one (the prompt ends with its text, not an end-of-turn)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class Metrics:
       prefill and the first sample included).
     - prefill_tokens / prefill_tps: only tokens actually run through prefill; tokens whose KV
       was reused are counted in reused_tokens instead.
+    - prefill_total: tokens this reply's prefill runs in all; an update with prefill_tokens <
+      prefill_total is progress during a long prefill (0: not reported).
     - decode_tokens / decode_tps: tokens generated after the first one, over the time after it.
     - kv_used / kv_capacity: slots holding valid KV / slots in the current capacity variant;
       kv_max_capacity is the largest variant.
@@ -104,6 +109,7 @@ class Metrics:
     ttft_s: float = 0.0
     prefill_tokens: int = 0
     prefill_tps: float = 0.0
+    prefill_total: int = 0
     reused_tokens: int = 0
     decode_tokens: int = 0
     decode_tps: float = 0.0

@@ -257,10 +257,19 @@ class ChatSession:
     # ------------------------------------------------------------------ prompt
 
     def prompt_ids(
-        self, system: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+        self,
+        system: str,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[ToolSpec] = (),
+        continue_reply: bool = False,
     ) -> list[int]:
         """The request's prompt ids: the template's markup with special tokens parsed, every
-        message's text as plain text (so user text cannot forge a turn)."""
+        message's text as plain text (so user text cannot forge a turn). `continue_reply`: the
+        last (assistant) message is left open, its text after the assistant header."""
+        if continue_reply and messages and messages[-1].role == "assistant":
+            # the reply's own text after the assistant header: its KV is mostly still cached
+            head = self.prompt_ids(system, messages[:-1], tools)
+            return head + self.tokenizer.encode(messages[-1].content)
         pieces = self.template.render_pieces(
             template_messages(system, messages), True, template_tools(tools)
         )
@@ -292,7 +301,9 @@ class ChatSession:
         reserve = max(1, min(request.sampling.max_tokens, cap // 4))
         messages = list(request.messages)
         dropped = 0
-        ids = self.prompt_ids(request.system_prompt, messages, request.tools)
+        ids = self.prompt_ids(
+            request.system_prompt, messages, request.tools, request.continue_reply
+        )
         while len(ids) + reserve > cap:
             # a turn = one user message and the replies after it; the last user message stays
             firsts = [i for i, m in enumerate(messages) if m.role == "user"]
@@ -300,7 +311,9 @@ class ChatSession:
                 break
             messages = messages[firsts[1] :]
             dropped += 1
-            ids = self.prompt_ids(request.system_prompt, messages, request.tools)
+            ids = self.prompt_ids(
+                request.system_prompt, messages, request.tools, request.continue_reply
+            )
         if len(ids) >= cap:
             raise InvalidRequestError(
                 f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "
@@ -419,7 +432,23 @@ class ChatSession:
         self.prefixes.warnings.clear()
         model = self.model
         t_prefill = clock()
-        logits = model.prefill(ids[reused:])
+        todo = ids[reused:]
+        step = model.prefill_chunk
+        for start in range(0, len(todo), step):
+            logits = model.prefill(todo[start : start + step])
+            done = min(len(todo), start + step)
+            if done < len(todo):  # a long prompt: say how far its prefill is
+                elapsed = clock() - t_prefill
+                yield MetricsUpdate(
+                    Metrics(
+                        prefill_tokens=done,
+                        prefill_tps=done / elapsed if elapsed > 0 else 0.0,
+                        prefill_total=len(todo),
+                        reused_tokens=reused,
+                        model=self._name,
+                        device=self._device,
+                    )
+                )
         prefill_s = clock() - t_prefill
         self._tokens = list(ids)
         if system is not None:
@@ -428,6 +457,7 @@ class ChatSession:
         base = Metrics(
             prefill_tokens=len(ids) - reused,
             prefill_tps=(len(ids) - reused) / prefill_s if prefill_s > 0 else 0.0,
+            prefill_total=len(ids) - reused,
             reused_tokens=reused,
             kv_max_capacity=model.max_capacity,
             model=self._name,

@@ -9,9 +9,10 @@ every request so tests can check what the UI sent.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from npuchat.app.settings import Settings
 from npuchat.app.store import ConversationStore
 from npuchat.app.tui.app import NpuchatApp
 from npuchat.app.tui.chat_screen import ChatScreen
+from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.message_list import AssistantMessage
 from npuchat.engine.events import (
     Cancelled,
@@ -46,6 +48,8 @@ class ScriptedReply:
       look at the UI mid-stream deterministically.
     - notices: emitted before the first chunk.
     - fail: after the chunks, end with Failed(fail) instead of Finished.
+    - prefill: (tokens done, total) progress reports sent before the first chunk, as the
+      engine sends them while it reads a long prompt (at 400 tok/s).
     """
 
     chunks: Sequence[str]
@@ -54,6 +58,7 @@ class ScriptedReply:
     notices: Sequence[Notice] = ()
     fail: str | None = None
     stop_reason: StopReason = "eos"
+    prefill: Sequence[tuple[int, int]] = ()
     release: threading.Event = field(default_factory=threading.Event)
     reached_hold: threading.Event = field(default_factory=threading.Event)
 
@@ -62,7 +67,17 @@ ReplySource = Sequence[ScriptedReply] | Callable[[ChatRequest], ScriptedReply]
 
 
 class ScriptedEngine:
-    """Replies come from a list (in order; then "Reply N.") or from a function of the request."""
+    """Replies come from a list (in order; then "Reply N.") or from a function of the request.
+
+    Several threads may call `generate` at once, as the port allows. With `concurrent=True`
+    (the default) they all stream, like the concurrent engine; with `concurrent=False` a call
+    made while another is running is answered `Failed(kind="busy")`, like a one-sequence
+    ChatSession.
+
+    Background requests (titles) are answered by `background` and recorded in
+    `background_requests`, apart from the interactive `requests`; by default they get an empty
+    reply, which leaves a conversation's automatic title as it is.
+    """
 
     def __init__(
         self,
@@ -72,13 +87,22 @@ class ScriptedEngine:
         draft_name: str = "scripted-draft",
         device: str = "cpu",
         kv_capacity: int = 1024,
+        concurrent: bool = True,
+        background: Callable[[ChatRequest], ScriptedReply] | None = None,
     ) -> None:
         self._replies = replies
         self._model = model_name
         self._draft = draft_name
         self._device = device
         self._kv_capacity = kv_capacity
+        self._concurrent = concurrent
+        self._lock = threading.Lock()
+        self._background = background or (lambda request: ScriptedReply([]))
         self.requests: list[ChatRequest] = []
+        self.background_requests: list[ChatRequest] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.busy_answers = 0
         self.cancelled = 0
         self.closed = False
 
@@ -98,10 +122,9 @@ class ScriptedEngine:
         """Like ChatSession.close(): the app calls it on an engine it replaces."""
         self.closed = True
 
-    def _next_reply(self, request: ChatRequest) -> ScriptedReply:
+    def _next_reply(self, request: ChatRequest, index: int) -> ScriptedReply:
         if callable(self._replies):
             return self._replies(request)
-        index = len(self.requests) - 1
         if index < len(self._replies):
             return self._replies[index]
         return ScriptedReply([f"Reply {index + 1}."])
@@ -133,9 +156,36 @@ class ScriptedEngine:
         )
 
     def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
-        self.requests.append(request)
-        reply = self._next_reply(request)
+        with self._lock:
+            if self.in_flight and not self._concurrent:
+                self.busy_answers += 1
+                busy = True
+            else:
+                busy = False
+                if request.priority == "background":
+                    self.background_requests.append(request)
+                    index = -1
+                else:
+                    self.requests.append(request)
+                    index = len(self.requests) - 1
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if busy:
+            yield Failed("a reply is already being generated", kind="busy")
+            return
+        try:
+            reply = self._background(request) if index < 0 else self._next_reply(request, index)
+            yield from self._play(reply, request, cancel)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _play(
+        self, reply: ScriptedReply, request: ChatRequest, cancel: threading.Event
+    ) -> Iterator[Event]:
         yield from reply.notices
+        for done, total in reply.prefill:
+            yield MetricsUpdate(Metrics(prefill_tokens=done, prefill_total=total, prefill_tps=400))
         metrics = self.metrics_at(request, 0)
         for step, chunk in enumerate(reply.chunks):
             if reply.hold_at is not None and step == reply.hold_at:
@@ -146,7 +196,8 @@ class ScriptedEngine:
             if reply.delay_s:
                 time.sleep(reply.delay_s)
             if cancel.is_set():
-                self.cancelled += 1
+                with self._lock:
+                    self.cancelled += 1
                 yield Cancelled(metrics)
                 return
             yield TokenDelta(chunk)
@@ -232,3 +283,25 @@ def reply_settled(screen: ChatScreen, count: int) -> Callable[[], bool]:
         return screen.generating is False and len(screen.query(AssistantMessage)) == count
 
     return settled
+
+
+Scenario = Callable[[Pilot[None], ChatScreen], Awaitable[None]]
+
+
+def run_chat(app: NpuchatApp, scenario: Scenario, size: tuple[int, int] = (120, 40)) -> None:
+    """Run `scenario` against the app's chat screen in a terminal of `size`."""
+
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            screen = await wait_for_chat(pilot)
+            await scenario(pilot, screen)
+
+    asyncio.run(main())
+
+
+async def send(pilot: Pilot[None], text: str) -> None:
+    """Type `text` into the composer (set at once) and press Enter."""
+    composer = pilot.app.screen.query_one(Composer)
+    composer.focus()
+    composer.text = text
+    await pilot.press("enter")

@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +18,17 @@ from scripted_engine import (
     StepClock,
     make_app,
     reply_settled,
-    wait_for_chat,
+    send,
     wait_until,
 )
+from scripted_engine import run_chat as run
 from textual.pilot import Pilot
 from textual.widgets import Input, Label, ListView, Sparkline, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from npuchat.app.settings import Settings, load_settings
 from npuchat.app.store import ConversationStore
-from npuchat.app.tui import chat_screen
+from npuchat.app.tui import reply_controller
 from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.help_screen import HelpScreen
@@ -37,9 +38,7 @@ from npuchat.app.tui.metrics_panel import MetricsPanel
 from npuchat.app.tui.settings_modal import SettingsScreen
 from npuchat.app.tui.sidebar import ConversationItem
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.events import Notice
-
-Scenario = Callable[[Pilot[None], ChatScreen], Awaitable[None]]
+from npuchat.engine.events import ChatMessage, Notice
 
 
 @pytest.fixture
@@ -49,22 +48,6 @@ def store(tmp_path: Path) -> ConversationStore:
     s.close()
 
 
-def run(app: Any, scenario: Scenario, size: tuple[int, int] = (120, 40)) -> None:
-    async def main() -> None:
-        async with app.run_test(size=size) as pilot:
-            screen = await wait_for_chat(pilot)
-            await scenario(pilot, screen)
-
-    asyncio.run(main())
-
-
-async def send(pilot: Pilot[None], text: str) -> None:
-    composer = pilot.app.screen.query_one(Composer)
-    composer.focus()
-    composer.text = text
-    await pilot.press("enter")
-
-
 def metric(screen: ChatScreen, row: str) -> str:
     return str(screen.query_one(f"#m-{row}", Label).render())
 
@@ -72,7 +55,7 @@ def metric(screen: ChatScreen, row: str) -> str:
 def test_send_streams_reply_and_updates_metrics(
     store: ConversationStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(chat_screen, "SAVE_INTERVAL_S", 0.0)  # save partial text at every tick
+    monkeypatch.setattr(reply_controller, "SAVE_INTERVAL_S", 0.0)  # save partial text at every tick
     reply = ScriptedReply(["Hello", " **world**", "!\n\n", "Done."], hold_at=2)
     engine = ScriptedEngine([reply])
 
@@ -171,6 +154,12 @@ def test_edit_a_previous_message_and_continue(store: ConversationStore) -> None:
         composer = screen.query_one(Composer)
         assert composer.text == "first question"
         assert first.has_class("-editing")
+        # The later turns are named and stay until the edit is sent; Esc keeps them.
+        assert "replaces the 3 messages after it" in str(composer.border_title)
+        await pilot.press("escape")
+        assert not first.has_class("-editing") and len(screen.query(UserMessage)) == 2
+        first.focus()
+        await pilot.press("e")
         composer.text = "first question, rephrased"
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(engine.requests) == 3, "the third request")
@@ -546,3 +535,52 @@ def test_quitting_while_loading_aborts_the_loader(store: ConversationStore) -> N
     asyncio.run(main())
     assert aborted.wait(5) and time.monotonic() - started < 8
     assert len(reports) < 2000
+
+
+def test_a_reply_cut_by_the_token_limit_is_marked_and_continues(store: ConversationStore) -> None:
+    cut = ScriptedReply(["The answer", " is 12"], stop_reason="max_tokens")
+    engine = ScriptedEngine([cut, ScriptedReply(["34."])])
+
+    async def scenario(pilot: Pilot[None], screen: ChatScreen) -> None:
+        await send(pilot, "What is 1234?")
+        await wait_until(pilot, reply_settled(screen, 1), "the cut reply")
+        view = screen.query_one(AssistantMessage)
+        status = str(view.query_one(".status", Label).render())
+        assert "stopped at the 1,024-token limit · Ctrl+T continues" in status
+        assert screen.check_action("continue_reply", ())
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: len(engine.requests) == 2, "the continue request")
+        await wait_until(pilot, lambda: view.status == "complete" and view.limit == 0, "the end")
+        assert view.content == "The answer is 1234."
+        assert len(screen.query(AssistantMessage)) == 1  # the same reply, extended
+        assert "limit" not in str(view.query_one(".status", Label).render())
+        assert not screen.check_action("continue_reply", ())
+
+    run(make_app(engine, store), scenario)
+    first, again = engine.requests
+    assert not first.continue_reply and again.continue_reply
+    assert again.messages[-1] == ChatMessage("assistant", "The answer is 12")
+    (conv,) = store.list_conversations()
+    assert [(m.role, m.content) for m in store.messages(conv.id)] == [
+        ("user", "What is 1234?"),
+        ("assistant", "The answer is 1234."),
+    ]
+
+
+def test_a_long_prompt_shows_prefill_progress(store: ConversationStore) -> None:
+    reply = ScriptedReply(["Read it."], prefill=[(128, 1024), (256, 1024)], hold_at=0)
+    engine = ScriptedEngine([reply])
+
+    async def scenario(pilot: Pilot[None], screen: ChatScreen) -> None:
+        await send(pilot, "A long paste")
+        view = await _first_reply(pilot, screen)
+        status = view.query_one(".status", Label)
+        expected = "reading the prompt: 256 / 1,024 tokens · about 2 s left"
+        await wait_until(pilot, lambda: expected in str(status.render()), "the progress")
+        assert metric(screen, "prefill") == "256 / 1,024 tok · 400.0 tok/s"
+        assert metric(screen, "state") == expected
+        reply.release.set()
+        await wait_until(pilot, reply_settled(screen, 1), "the reply")
+        assert "reading" not in str(status.render()) and view.content == "Read it."
+
+    run(make_app(engine, store), scenario)

@@ -22,6 +22,7 @@ from npuchat.app.tui.keys import (
     unknown_keymap_ids,
 )
 from npuchat.app.tui.loader_worker import ProgressThrottle
+from npuchat.app.tui.titles import clean_title
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import (
     Cancelled,
@@ -223,3 +224,12 @@ def test_progress_throttle_forwards_stage_changes_and_completion() -> None:
         ("Compiling", 1.0),
         ("Compiling", 1.0),
     ]
+
+
+def test_clean_title_keeps_one_plain_line() -> None:
+    assert clean_title('  "Rust lifetimes explained."\nMore text') == "Rust lifetimes explained"
+    assert clean_title("Title: **Binary search**") == "Binary search"
+    assert clean_title("## Sorting   in   Go") == "Sorting in Go"
+    assert clean_title("\n \n") == ""
+    long = clean_title("word " * 40)
+    assert len(long) == 60 and long.endswith("…")

@@ -164,3 +164,13 @@ def test_help_screen(snap_compare, store: ConversationStore) -> None:
     settings = Settings(cursor_blink=False, keymap={"regenerate": "ctrl+g"})
     app = make_app(ScriptedEngine(), store, settings=settings)
     assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+@pytest.mark.parametrize(
+    "size", [(60, 20), (80, 24), (120, 40), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}"
+)
+def test_layout_at_terminal_size(snap_compare, store: ConversationStore, size) -> None:
+    """Panels collapse by width: the chat and the composer stay usable down to 60x20."""
+    conv_id = seed_conversation(store)
+    app = make_app(ScriptedEngine(), store)
+    assert snap_compare(app, terminal_size=size, run_before=open_conversation(conv_id))

@@ -14,6 +14,7 @@ CHAT_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("Search chats", "Search conversations by title and content", "search"),
     ("Regenerate reply", "Generate the last reply again", "regenerate"),
     ("Stop generating", "Stop the reply being generated", "stop"),
+    ("Continue reply", "Extend the last reply that stopped at the token limit", "continue_reply"),
     ("Edit last message", "Edit your last message and continue from there", "edit_last"),
     ("Copy code block", "Copy the last code block of the latest reply", "copy_code"),
     ("Conversation settings", "System prompt, model, draft, sampling", "settings"),

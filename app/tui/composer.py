@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from textual import events
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widgets import TextArea
 
 from npuchat.app.tui.keys import bindings
@@ -14,6 +15,9 @@ from npuchat.app.tui.keys import bindings
 class Composer(TextArea):
     BINDINGS = bindings("send", "newline")
 
+    editing: reactive[int | None] = reactive(None, init=False)
+    """The id of the earlier message being edited (None: writing a new message)."""
+
     class Submitted(Message):
         def __init__(self, text: str) -> None:
             super().__init__()
@@ -21,6 +25,7 @@ class Composer(TextArea):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
+        self.edit_drops = 0
         self._typed: list[str] = []
 
     async def _on_key(self, event: events.Key) -> None:
@@ -60,3 +65,20 @@ class Composer(TextArea):
     def action_newline(self) -> None:
         self._insert_typed()
         self.insert("\n")
+
+    def begin_edit(self, message_id: int, text: str, later: int) -> None:
+        """Edit an earlier message; `later` messages after it go when (only when) it is sent."""
+        self.edit_drops = later
+        self.editing = message_id
+        self.text = text
+        self.move_cursor(self.document.end)
+        self.focus()
+
+    def watch_editing(self, editing: int | None) -> None:
+        self.set_class(editing is not None, "-editing")
+        if editing is None:
+            self.border_title = "Message"
+            return
+        n = self.edit_drops
+        drops = f"Enter replaces the {n} message{'s' * (n != 1)} after it" if n else "Enter sends"
+        self.border_title = f"Editing · {drops} · Esc cancels and keeps them"

@@ -31,6 +31,20 @@ def reply_summary(m: Metrics) -> str:
     return " · ".join(parts)
 
 
+def prefilling(m: Metrics) -> bool:
+    """The engine is still reading a long prompt (progress between prefill chunks)."""
+    return 0 < m.prefill_tokens < m.prefill_total
+
+
+def prefill_progress(m: Metrics) -> str:
+    """ "reading the prompt: 1,280 / 3,842 tokens · about 23 s left"."""
+    text = f"reading the prompt: {count(m.prefill_tokens)} / {count(m.prefill_total)} tokens"
+    if m.prefill_tps > 0:
+        left = (m.prefill_total - m.prefill_tokens) / m.prefill_tps
+        text += f" · about {left:.0f} s left" if left >= 1 else " · almost done"
+    return text
+
+
 def acceptance(m: Metrics) -> str:
     if m.drafted == 0:
         return "–"

@@ -19,6 +19,17 @@ def key_label(keys: str) -> str:
     return " / ".join("+".join(p.capitalize() for p in k.split("+")) for k in keys.split(","))
 
 
+def empty_hint(keymap: Mapping[str, str]) -> str:
+    """The first-screen hint, naming the keys as the user's keymap has them."""
+    keys = {row[3]: key_label(row[1]) for row in effective_keys(keymap)}
+    return (
+        "Ask anything.\n\n"
+        f"{keys['send']} sends · {keys['newline']} new line\n"
+        f"{keys['stop']} stops a reply · {keys['regenerate']} regenerates\n"
+        f"{keys['command_palette']} commands · {keys['help']} keys · {keys['settings']} settings"
+    )
+
+
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,f1,q", "close", "Close", id="help_close"),
@@ -33,7 +44,9 @@ class HelpScreen(ModalScreen[None]):
             yield Label("Keys", classes="question")
             yield DataTable(cursor_type="none", zebra_stripes=True, id="keys")
             yield Label(
-                'Remap any key in config.toml under [keymap], e.g.  regenerate = "ctrl+g".'
+                "Tab / Shift+Tab move the focus: input, messages, chats. With a message focused,"
+                " E / C / Y act on it; any other key you type goes to the input."
+                '  Remap any key in config.toml under [keymap], e.g.  regenerate = "ctrl+g".'
                 "  Click a code block to copy it.",
                 classes="hint",
                 markup=False,

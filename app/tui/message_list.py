@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -11,7 +13,7 @@ from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
-from npuchat.app.store import MessageStatus
+from npuchat.app.store import MessageStatus, StoredMessage
 from npuchat.app.tui.formatting import reply_summary
 from npuchat.app.tui.keys import bindings
 from npuchat.engine.events import Metrics
@@ -60,11 +62,16 @@ class AssistantMessage(MessageView):
         status: MessageStatus = "complete",
         metrics: Metrics | None = None,
         error: str = "",
+        limit: int = 0,
     ) -> None:
+        """`limit`: the token limit that cut this reply short (0: it was not cut)."""
         super().__init__(message_id, content)
         self.status = status
         self.metrics = metrics
         self.error = error
+        self.limit = limit
+        self.continue_key = "Ctrl+T"
+        self.progress = ""
         self._stream: MarkdownStream | None = None
         self._copy_index = 0
 
@@ -83,25 +90,34 @@ class AssistantMessage(MessageView):
         self.content += text
         await self._stream.write(text)
 
-    async def finish(self, status: MessageStatus, metrics: Metrics | None, error: str = "") -> None:
+    async def finish(
+        self, status: MessageStatus, metrics: Metrics | None, error: str = "", limit: int = 0
+    ) -> None:
         """Stop streaming and render the whole reply once more from its full source (the
         incremental parse can differ at block boundaries, e.g. a fence closed late)."""
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
         await self.query_one(Markdown).update(self.content)
-        self.status, self.metrics, self.error = status, metrics, error
+        self.status, self.metrics, self.error, self.limit = status, metrics, error, limit
         self._refresh_status()
 
-    def set_generating(self) -> None:
+    def set_generating(self, progress: str = "") -> None:
+        """Mark the reply as streaming; `progress` says what the engine does before the first
+        token (reading a long prompt)."""
         self.status = "partial"
+        self.progress = progress
         self._refresh_status(generating=True)
 
     def _status_text(self, generating: bool = False) -> str:
         if generating:
-            return "generating… (Esc stops)"
+            return f"{self.progress or 'generating…'} (Esc stops)"
         parts = []
-        if self.status == "stopped":
+        if self.limit and self.status == "complete":
+            parts.append(
+                f"stopped at the {self.limit:,}-token limit · {self.continue_key} continues"
+            )
+        elif self.status == "stopped":
             parts.append("stopped")
         elif self.status == "partial":
             parts.append("interrupted")
@@ -116,7 +132,8 @@ class AssistantMessage(MessageView):
         text = self._status_text(generating)
         label.update(text)
         label.display = bool(text)
-        self.set_class(self.status in ("stopped", "partial", "error"), "-incomplete")
+        incomplete = self.status in ("stopped", "partial", "error") or self.limit > 0
+        self.set_class(incomplete, "-incomplete")
 
     def code_blocks(self) -> list[str]:
         return [fence.code for fence in self.query(MarkdownFence)]
@@ -148,6 +165,13 @@ def copy_code(widget: Widget, code: str, index: int, count: int) -> None:
     widget.app.notify(f"Copied code block{where} ({lines} lines)", timeout=2)
 
 
+def cut_by_limit(message: StoredMessage, max_tokens: int) -> bool:
+    """A stored reply that used its whole token budget was cut by it (the store keeps the
+    metrics, not the stop reason)."""
+    m = message.metrics
+    return message.status == "complete" and m is not None and m.decode_tokens + 1 >= max_tokens
+
+
 class NoticeView(Static):
     """An inline notice from the engine (e.g. turns dropped to fit the context)."""
 
@@ -160,6 +184,48 @@ class MessageList(VerticalScroll):
 
     def on_mount(self) -> None:
         self.anchor()
+
+    async def show_history(
+        self,
+        history: Sequence[StoredMessage],
+        max_tokens: int,
+        streaming: tuple[int, str] | None = None,
+    ) -> AssistantMessage | None:
+        """Show a conversation's stored messages. `streaming` is (message id, text so far) of
+        a reply still being generated: its view (returned) shows that text, not the stored."""
+        await self.remove_children([c for c in self.children if c.id != "empty"])
+        views: list[MessageView] = []
+        live: AssistantMessage | None = None
+        for m in history:
+            if m.role == "user":
+                views.append(UserMessage(m.id, m.content))
+            elif streaming is not None and m.id == streaming[0]:
+                live = AssistantMessage(m.id, streaming[1], "partial")
+                views.append(live)
+            elif m.role == "assistant":
+                limit = max_tokens if cut_by_limit(m, max_tokens) else 0
+                views.append(AssistantMessage(m.id, m.content, m.status, m.metrics, m.error, limit))
+        await self.mount_all(views)
+        self.update_empty_hint()
+        self.scroll_end(animate=False)
+        return live
+
+    async def remove_from(self, message_id: int) -> None:
+        """Remove the view of `message_id` and everything after it (notices included)."""
+        doomed = []
+        seen = False
+        for child in self.children:
+            if isinstance(child, MessageView) and child.message_id is not None:
+                seen = seen or child.message_id >= message_id
+            if seen and child.id != "empty":
+                doomed.append(child)
+        if doomed:
+            await self.remove_children(doomed)
+        self.update_empty_hint()
+
+    def update_empty_hint(self) -> None:
+        """The first-screen hint shows while there is no message."""
+        self.query_one("#empty").display = not self.query(MessageView)
 
     def last_assistant(self) -> AssistantMessage | None:
         replies = list(self.query(AssistantMessage))

@@ -33,3 +33,12 @@ class EngineLoadFailed(Message):
 
 class GenerationEnded(Message):
     """The worker saw the terminal event: drain the reply buffer now, not at the next tick."""
+
+
+class TitleGenerated(Message):
+    """A background title request ended; `title` is "" when there is nothing to show."""
+
+    def __init__(self, conversation_id: str, title: str) -> None:
+        super().__init__()
+        self.conversation_id = conversation_id
+        self.title = title

@@ -10,9 +10,17 @@ from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Grid, VerticalScroll
+from textual.reactive import reactive
 from textual.widgets import Label, ProgressBar, Sparkline
 
-from npuchat.app.tui.formatting import acceptance, count, kv_text, rate, seconds
+from npuchat.app.tui.formatting import (
+    acceptance,
+    count,
+    kv_text,
+    prefilling,
+    rate,
+    seconds,
+)
 from npuchat.engine.events import Metrics
 
 # (row id, label); the value labels get id "m-<row id>".
@@ -29,6 +37,9 @@ _ROWS: tuple[tuple[str, str], ...] = (
 
 class MetricsPanel(VerticalScroll):
     """Figures from `Metrics`; colours come from the theme's npuchat-* variables (see tcss)."""
+
+    state: reactive[str] = reactive("no reply yet", init=False)
+    """Whether the figures are live, from the last reply, or absent (shown under them)."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -48,7 +59,7 @@ class MetricsPanel(VerticalScroll):
         with Grid(classes="figures"):
             yield Label("accept", classes="metric-label")
             yield Label("–", id="m-accept", classes="metric-value", markup=False)
-        yield Label("", id="m-state", markup=False)
+        yield Label(self.state, id="m-state", markup=False)
 
     def set_engine(self, model: str, draft: str, device: str) -> None:
         """What is loaded; shown until a reply's metrics name what actually ran."""
@@ -59,7 +70,7 @@ class MetricsPanel(VerticalScroll):
 
     def show(self, metrics: Metrics | None, rates: list[float], state: str) -> None:
         """Show one reply's figures; `state` says whether they are live or from the last reply."""
-        self.query_one("#m-state", Label).update(state)
+        self.state = state
         if metrics is None:
             for row_id in ("ttft", "prefill", "reused", "decode", "kv", "accept"):
                 self._set(row_id, "–")
@@ -72,7 +83,10 @@ class MetricsPanel(VerticalScroll):
         self._set("draft", metrics.draft or draft or "none")
         self._set("device", metrics.device or device or "–")
         self._set("ttft", seconds(metrics.ttft_s))
-        self._set("prefill", f"{count(metrics.prefill_tokens)} tok · {rate(metrics.prefill_tps)}")
+        done = count(metrics.prefill_tokens)
+        if prefilling(metrics):
+            done = f"{done} / {count(metrics.prefill_total)}"
+        self._set("prefill", f"{done} tok · {rate(metrics.prefill_tps)}")
         self._set("reused", f"{count(metrics.reused_tokens)} tok")
         self._set("decode", f"{count(metrics.decode_tokens)} tok · {rate(metrics.decode_tps)}")
         self._set("kv", kv_text(metrics))
@@ -83,6 +97,9 @@ class MetricsPanel(VerticalScroll):
         self.set_class(
             metrics.kv_capacity > 0 and metrics.kv_used >= 0.9 * metrics.kv_capacity, "-kv-full"
         )
+
+    def watch_state(self, state: str) -> None:
+        self.query_one("#m-state", Label).update(state)
 
     def _set(self, row_id: str, text: str) -> None:
         self.query_one(f"#m-{row_id}", Label).update(text)

@@ -13,6 +13,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
+from textual.reactive import reactive
 from textual.widgets import Input, Label, ListItem, ListView
 
 from npuchat.app.store import Conversation
@@ -21,12 +22,23 @@ from npuchat.app.tui.keys import bindings
 
 
 class ConversationItem(ListItem):
+    """Two lines: the title across the whole width, then when it was last used, or that a
+    reply is being generated in it."""
+
+    generating: reactive[bool] = reactive(False, init=False)
+
     def __init__(self, conversation: Conversation, now: datetime) -> None:
+        self._when = when(conversation.updated_at, now)
         super().__init__(
             Label(conversation.title or "New chat", classes="title", markup=False),
-            Label(when(conversation.updated_at, now), classes="when"),
+            Label(self._when, classes="when", markup=False),
         )
         self.conversation = conversation
+
+    def watch_generating(self, generating: bool) -> None:
+        self.set_class(generating, "-generating")
+        text = "● generating…" if generating else self._when
+        self.query_one(".when", Label).update(text)
 
 
 class ConversationList(ListView):
@@ -49,6 +61,9 @@ class ConversationList(ListView):
 
 
 class Sidebar(Vertical):
+    generating: reactive[frozenset[str]] = reactive(frozenset(), init=False)
+    """Ids of the conversations that have a reply in flight (marked in the list)."""
+
     class Selected(Message):
         def __init__(self, conversation: Conversation) -> None:
             super().__init__()
@@ -77,6 +92,11 @@ class Sidebar(Vertical):
             await view.extend(ConversationItem(c, now) for c in conversations)
             index = next((i for i, c in enumerate(conversations) if c.id == selected_id), None)
             view.index = index
+        self.watch_generating(self.generating)
+
+    def watch_generating(self, generating: frozenset[str]) -> None:
+        for item in self.query(ConversationItem):
+            item.generating = item.conversation.id in generating
 
     @on(Input.Changed, "#search")
     def _search_changed(self, event: Input.Changed) -> None:
