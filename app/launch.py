@@ -15,6 +15,7 @@ from npuchat.engine.devices import pick_device
 
 from .context import AppContext
 from .engine_factory import check_draft, make_loader
+from .engine_port import catalog_lister
 
 
 def launch_app(args: argparse.Namespace, console: Console) -> int:
@@ -33,13 +34,21 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
 
         base_url(args.server)  # a malformed URL fails here, before the screen opens
         loader = remote_loader(args.server, args.server_api_key, args.model)
+        models = None  # the server knows its models; the picker offers the local catalog
     else:
         ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
         check_draft(settings.draft)
         pick_device(settings.device)
         loader = make_loader(ctx)
+        models = catalog_lister(ctx.catalog)
     store = ConversationStore.open(ctx.paths.database_file)
     try:
-        return run_app(settings, store, loader, config_path=ctx.paths.config_file)
+        return run_app(
+            settings,
+            store,
+            loader,
+            config_path=ctx.paths.config_file,
+            models=models,
+        )
     finally:
         store.close()

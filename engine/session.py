@@ -542,7 +542,10 @@ class ChatSession:
                 budget = params.max_tokens - generated
                 committed, queue = spec.advance(self._tokens, token, sampler, budget)
                 self._tokens.extend(committed)
-        tail = stops.flush() + detok.flush() if stop != "stop_string" else ""
+        # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
+        # bytes of a half-sampled character are dropped, never stored as U+FFFD
+        cut = stop is None or stop == "max_tokens"
+        tail = stops.flush() + ("" if cut else detok.flush()) if stop != "stop_string" else ""
         if tail:
             yield TokenDelta(tail)
         metrics = current(clock())

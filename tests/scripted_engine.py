@@ -19,6 +19,7 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 
+from npuchat.app.engine_port import ModelChoice
 from npuchat.app.settings import Settings
 from npuchat.app.store import ConversationStore
 from npuchat.app.tui.app import NpuchatApp
@@ -243,6 +244,7 @@ def make_app(
     settings: Settings | None = None,
     config_path: Path | None = None,
     loader: Callable[..., ScriptedEngine] | None = None,
+    models: Sequence[ModelChoice] | None = None,
 ) -> NpuchatApp:
     """An app over a scripted engine (or any `loader`), fixed clock, no cursor blink."""
     if loader is None:
@@ -254,6 +256,7 @@ def make_app(
         loader,
         config_path=config_path,
         clock=lambda: FIXED_NOW,
+        models=(lambda: list(models)) if models is not None else None,
     )
 
 

@@ -83,3 +83,26 @@ def test_continue_extends_the_cut_reply_from_the_cache(session: ChatSession) -> 
     longer_ids = [i for e in longer if isinstance(e, TokenDelta) for i in e.ids]
     more_ids = [i for e in more if isinstance(e, TokenDelta) for i in e.ids]
     assert ids + more_ids == longer_ids
+
+
+def _complete_prefix(data: bytes) -> bytes:
+    """`data` without a trailing incomplete UTF-8 sequence (the independent reference)."""
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead & 0xC0 != 0x80:  # the start of the last sequence
+            need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4
+            return data if need <= back else data[:-back]
+    return data
+
+
+def test_a_reply_cut_by_max_tokens_ends_at_a_character_boundary(session: ChatSession) -> None:
+    cut_inside = 0
+    for n in range(1, 13):
+        events = _run(session, _request([("user", "hello world the fox")], n))
+        ids = [i for e in events if isinstance(e, TokenDelta) for i in e.ids]
+        text = "".join(e.text for e in events if isinstance(e, TokenDelta))
+        data = b"".join(session.tokenizer.piece_bytes(i) for i in ids)
+        whole = _complete_prefix(data)
+        cut_inside += whole != data
+        assert text == whole.decode("utf-8", errors="replace"), n
+    assert cut_inside  # some limit fell inside a character, so the cut was exercised

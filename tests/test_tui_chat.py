@@ -23,7 +23,7 @@ from scripted_engine import (
 )
 from scripted_engine import run_chat as run
 from textual.pilot import Pilot
-from textual.widgets import Input, Label, ListView, Sparkline, TextArea
+from textual.widgets import Input, Label, ListView, Markdown, Sparkline, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from npuchat.app.settings import Settings, load_settings
@@ -33,7 +33,7 @@ from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.help_screen import HelpScreen
 from npuchat.app.tui.loading_screen import LoadingScreen
-from npuchat.app.tui.message_list import AssistantMessage, NoticeView, UserMessage
+from npuchat.app.tui.message_list import AssistantMessage, CodeFence, NoticeView, UserMessage
 from npuchat.app.tui.metrics_panel import MetricsPanel
 from npuchat.app.tui.settings_modal import SettingsScreen
 from npuchat.app.tui.sidebar import ConversationItem
@@ -208,7 +208,12 @@ def test_conversations_new_rename_search_delete(store: ConversationStore) -> Non
             lambda: [v.content for v in screen.query(UserMessage)] == ["About Rust lifetimes"],
             "the opened conversation",
         )
-        screen.query_one("#search", Input).value = ""
+        # Esc in the search box clears the filter (visibly: every chat is listed again).
+        await pilot.press("ctrl+f")
+        assert screen.query_one("#search", Input).value == "rust"
+        await pilot.press("escape")
+        assert screen.query_one("#search", Input).value == ""
+        assert screen.query_one(Composer).has_focus
         await wait_until(pilot, lambda: len(titles(screen)) == 2, "both chats listed")
 
         # Delete the current (Rust) chat, with confirmation; cancel first, then confirm.
@@ -582,5 +587,44 @@ def test_a_long_prompt_shows_prefill_progress(store: ConversationStore) -> None:
         reply.release.set()
         await wait_until(pilot, reply_settled(screen, 1), "the reply")
         assert "reading" not in str(status.render()) and view.content == "Read it."
+
+    run(make_app(engine, store), scenario)
+
+
+def test_code_blocks_expand_tabs_and_scroll_wide_lines(store: ConversationStore) -> None:
+    wide = "x = " + " + ".join(str(i) for i in range(60))
+    text = f"```python\nif x:\n\treturn 1\n```\n\n```python\n{wide}\n```\n"
+    engine = ScriptedEngine([ScriptedReply([text])])
+
+    async def scenario(pilot: Pilot[None], screen: ChatScreen) -> None:
+        await send(pilot, "Code")
+        await wait_until(pilot, reply_settled(screen, 1), "reply")
+        tabbed, long = screen.query(CodeFence)
+        # Highlighted as if written with spaces: the same text and the same colours.
+        got = CodeFence.highlight(tabbed.code, "python")
+        want = MarkdownFence.highlight("if x:\n    return 1\n", "python")
+        assert got.plain == want.plain and got.spans == want.spans
+        assert "\t" in tabbed.code  # the copy keeps the tab
+        # The long line is not cut silently: it scrolls, and a scrollbar shows it.
+        assert long.max_scroll_x > 0 and long.scrollbars_enabled[1]
+        assert long.styles.scrollbar_size_horizontal == 1
+
+    run(make_app(engine, store), scenario, size=(100, 30))
+
+
+def test_emoji_keep_the_right_border_and_the_copy_keeps_them(store: ConversationStore) -> None:
+    text = "Thumbs 👍🏽 and family 👨\u200d👩\u200d👧 ❤️"
+    engine = ScriptedEngine([ScriptedReply([text])])
+
+    async def scenario(pilot: Pilot[None], screen: ChatScreen) -> None:
+        await send(pilot, "Emoji 👍🏽")
+        await wait_until(pilot, reply_settled(screen, 1), "reply")
+        body = screen.query_one(UserMessage).query_one(".body", Static)
+        assert str(body.render()) == "Emoji 👍"
+        view = screen.query_one(AssistantMessage)
+        assert "\U0001f3fd" not in view.query_one(Markdown).source
+        view.focus()
+        await pilot.press("y")
+        assert pilot.app.clipboard == text
 
     run(make_app(engine, store), scenario)

@@ -231,5 +231,20 @@ def test_clean_title_keeps_one_plain_line() -> None:
     assert clean_title("Title: **Binary search**") == "Binary search"
     assert clean_title("## Sorting   in   Go") == "Sorting in Go"
     assert clean_title("\n \n") == ""
+    assert clean_title('Here\'s a possible title:\n\n"Reversing strings"') == "Reversing strings"
+    assert clean_title("Here's a possible title:") == ""
     long = clean_title("word " * 40)
     assert len(long) == 60 and long.endswith("…")
+
+
+def test_emoji_are_shown_in_parts_every_terminal_draws_alike() -> None:
+    from rich.cells import cell_len
+
+    from npuchat.app.tui.display_text import for_terminal
+
+    text = "ok 👍🏽 👨\u200d👩\u200d👧 ❤️ 🏳️\u200d🌈 done"
+    shown = for_terminal(text)
+    # A terminal that draws code point by code point and Rich (grapheme by grapheme) agree.
+    assert cell_len(shown) == sum(cell_len(ch) for ch in shown)
+    assert cell_len(text) != sum(cell_len(ch) for ch in text)  # they did not before
+    assert shown == "ok 👍 👨👩👧 ❤ 🏳🌈 done"

@@ -18,7 +18,7 @@ from typing import Any
 from textual.app import App
 from textual.filter import LineFilter
 
-from npuchat.app.engine_port import EngineLoader, EngineSpec
+from npuchat.app.engine_port import EngineLoader, EngineSpec, ModelChoice, ModelLister
 from npuchat.app.settings import Settings, set_setting
 from npuchat.app.store import ConversationSettings, ConversationStore
 from npuchat.app.tui.chat_screen import ChatScreen
@@ -55,12 +55,15 @@ class NpuchatApp(App[None]):
         *,
         config_path: Path | None = None,
         clock: Callable[[], datetime] | None = None,
+        models: ModelLister | None = None,
     ) -> None:
+        """`models` lists what the model picker offers (None: no picker, any name goes)."""
         super().__init__()
         self.settings = settings
         self.store = store
         self.loader = loader
         self.config_path = config_path
+        self._models = models
         self._clock = clock or (lambda: datetime.now(UTC).astimezone())
         self.engine: ChatEngine | None = None
         self.engine_spec: EngineSpec | None = None
@@ -138,6 +141,10 @@ class NpuchatApp(App[None]):
         if old is not None and old is not engine:
             close_engine(old)
 
+    def models(self) -> list[ModelChoice] | None:
+        """What the model picker offers and settings accept; None: not known (any name)."""
+        return self._models() if self._models is not None else None
+
     def default_conversation_settings(self) -> ConversationSettings:
         return ConversationSettings(system_prompt=self.settings.system_prompt)
 
@@ -175,11 +182,12 @@ def run_app(
     loader: EngineLoader,
     *,
     config_path: Path | None = None,
+    models: ModelLister | None = None,
 ) -> int:
     """Run the TUI until the user quits; returns the exit status (non-zero after a crash).
     The caller owns (and closes) the store; the engine the app loaded is closed here, after
     run() has joined the worker threads."""
-    app = NpuchatApp(settings, store, loader, config_path=config_path)
+    app = NpuchatApp(settings, store, loader, config_path=config_path, models=models)
     try:
         app.run()
     finally:

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from npuchat.app.engine_port import EngineSpec
 from npuchat.app.store import Conversation, ConversationSettings, StoredMessage
 from npuchat.app.tui.commands import ChatCommands
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.conversation_actions import ConversationActions
+from npuchat.app.tui.display_text import for_terminal
 from npuchat.app.tui.footer import ChatFooter
 from npuchat.app.tui.generation import build_request
 from npuchat.app.tui.help_screen import empty_hint
@@ -36,6 +37,7 @@ from npuchat.app.tui.messages import (
     EngineLoadFailed,
 )
 from npuchat.app.tui.metrics_panel import MetricsPanel
+from npuchat.app.tui.model_picker import ModelCommands
 from npuchat.app.tui.reply_screen import ReplyScreen
 from npuchat.app.tui.sidebar import ConversationList, Sidebar
 from npuchat.app.tui.switch_bar import ModelSwitchBar
@@ -61,7 +63,7 @@ class ChatScreen(ReplyScreen):
         "settings",
         "export",
     )
-    COMMANDS = {ChatCommands}  # noqa: RUF012 (Textual's class-level declaration)
+    COMMANDS = {ChatCommands, ModelCommands}  # noqa: RUF012 (Textual's class-level declaration)
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,12 +96,14 @@ class ChatScreen(ReplyScreen):
         if last:
             await self.open_conversation(last[0].id)
         else:
+            self.watch_conversation(None)
             await self.refresh_sidebar()
         composer.focus()
 
     def watch_conversation(self, conversation: Conversation | None) -> None:
         title = conversation.title if conversation else ""
-        self.query_one(MessageList).border_title = title or "New chat"
+        self.query_one(MessageList).border_title = for_terminal(title) or "New chat"
+        self.refresh_bindings()  # Stop, Regenerate and Continue depend on the conversation
 
     def _show_engine(self) -> None:
         engine = self.npuchat.engine
@@ -139,7 +143,8 @@ class ChatScreen(ReplyScreen):
         """Hide the keys that do nothing right now, so the footer stays short."""
         here = self.replies.get(self.conversation_id) is not None
         if action == "stop":
-            return here or self._editing is not None or self.overlay_open()
+            searching = self.query_one("#search", Input).has_focus
+            return here or searching or self._editing is not None or self.overlay_open()
         if action == "regenerate":
             return self.conversation is not None and not here
         if action == "continue_reply":
@@ -234,7 +239,14 @@ class ChatScreen(ReplyScreen):
     # ---- actions on the conversation on screen ---------------------------------------------
 
     def action_stop(self) -> None:
-        if self.replies.stop(self.conversation_id or ""):
+        """Esc: leave the search (cleared, so the list shows every chat again), else stop this
+        chat's reply, else cancel an edit, else close a panel open over the chat."""
+        search = self.query_one("#search", Input)
+        if search.has_focus:
+            search.value = ""
+            self.close_overlays()
+            self.focus_composer()
+        elif self.replies.stop(self.conversation_id or ""):
             self.query_one(MetricsPanel).state = "stopping…"
         elif self._editing is not None:
             self._end_edit()
@@ -404,6 +416,9 @@ class ChatScreen(ReplyScreen):
 
     def action_settings(self) -> None:
         self.actions.settings()
+
+    async def use_model(self, name: str) -> None:
+        await self.actions.use_model(name)
 
     def action_export(self, fmt: str = "markdown") -> None:
         self.actions.export(fmt)

@@ -7,6 +7,7 @@ when the user confirms, changes the store and asks the screen to show the result
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,7 +87,25 @@ class ConversationActions:
             "model": f"empty: {app_settings.model}",
             "draft": f"empty: {app_settings.draft or 'none'} · none · lookup · default · a name",
         }
-        screen.app.push_screen(SettingsScreen(screen.current_settings, title, defaults), done)
+        models = screen.npuchat.models()
+        names = [m.name for m in models] if models is not None else None
+        screen.app.push_screen(
+            SettingsScreen(screen.current_settings, title, defaults, names), done
+        )
+
+    async def use_model(self, name: str) -> None:
+        """The conversation on screen (or the new chat) uses `name` from its next reply."""
+        screen = self.screen
+        settings = replace(screen.current_settings, model=name)
+        current = screen.conversation
+        if current is not None:
+            self._store.update_settings(current.id, settings)
+            await screen.conversation_changed(current.id)
+        else:
+            screen.new_chat_settings = settings
+        known = {m.name: m for m in screen.npuchat.models() or []}
+        pulled = "" if name not in known or known[name].installed else " (pulled first)"
+        screen.notify(f"This chat uses {name} from the next reply{pulled}.", timeout=4)
 
     def export(self, fmt: str = "markdown") -> None:
         screen = self.screen

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.content import Content
 from textual.dom import DOMNode
 from textual.message import Message
 from textual.widget import Widget
@@ -14,6 +15,7 @@ from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 from npuchat.app.store import MessageStatus, StoredMessage
+from npuchat.app.tui.display_text import for_terminal
 from npuchat.app.tui.formatting import reply_summary
 from npuchat.app.tui.keys import bindings
 from npuchat.engine.events import Metrics
@@ -44,10 +46,26 @@ class UserMessage(MessageView):
             self.view = view
 
     def compose(self) -> ComposeResult:
-        yield Static(self.content, markup=False, classes="body")
+        yield Static(for_terminal(self.content), markup=False, classes="body")
 
     def action_edit(self) -> None:
         self.post_message(self.EditRequested(self))
+
+
+class CodeFence(MarkdownFence):
+    """A code block whose tabs are expanded before highlighting: the highlighter counts a tab
+    as one cell and the terminal as several, which shifted every colour after a tab. The
+    copied code (`code`) keeps its tabs."""
+
+    TAB_SIZE = 4
+
+    @classmethod
+    def highlight(cls, code: str, language: str, ansi: bool = False, dark: bool = False) -> Content:
+        return super().highlight(code.expandtabs(cls.TAB_SIZE), language, ansi=ansi, dark=dark)
+
+
+class ReplyMarkdown(Markdown):
+    BLOCKS = {**Markdown.BLOCKS, "fence": CodeFence, "code_block": CodeFence}  # noqa: RUF012
 
 
 class AssistantMessage(MessageView):
@@ -76,7 +94,7 @@ class AssistantMessage(MessageView):
         self._copy_index = 0
 
     def compose(self) -> ComposeResult:
-        yield Markdown(self.content, classes="body")
+        yield ReplyMarkdown(for_terminal(self.content), classes="body")
         yield Label(self._status_text(), classes="status", markup=False)
 
     def on_mount(self) -> None:
@@ -88,7 +106,7 @@ class AssistantMessage(MessageView):
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         self.content += text
-        await self._stream.write(text)
+        await self._stream.write(for_terminal(text))
 
     async def finish(
         self, status: MessageStatus, metrics: Metrics | None, error: str = "", limit: int = 0
@@ -98,7 +116,7 @@ class AssistantMessage(MessageView):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        await self.query_one(Markdown).update(self.content)
+        await self.query_one(Markdown).update(for_terminal(self.content))
         self.status, self.metrics, self.error, self.limit = status, metrics, error, limit
         self._refresh_status()
 
@@ -176,7 +194,7 @@ class NoticeView(Static):
     """An inline notice from the engine (e.g. turns dropped to fit the context)."""
 
     def __init__(self, text: str, level: str = "info") -> None:
-        super().__init__(text, markup=False, classes=f"-{level}")
+        super().__init__(for_terminal(text), markup=False, classes=f"-{level}")
 
 
 class MessageList(VerticalScroll):

@@ -14,6 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, TextArea
 
 from npuchat.app.store import ConversationSettings
@@ -96,13 +97,19 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
     ]
 
     def __init__(
-        self, settings: ConversationSettings, title: str, defaults: dict[str, str] | None = None
+        self,
+        settings: ConversationSettings,
+        title: str,
+        defaults: dict[str, str] | None = None,
+        models: list[str] | None = None,
     ) -> None:
-        """`defaults` fills the placeholder of empty text fields (what empty means now)."""
+        """`defaults` fills the placeholder of empty text fields (what empty means now);
+        `models` are the names the model field accepts (None: any), suggested as one types."""
         super().__init__(classes="dialog")
         self.settings = settings
         self.title_text = title
         self.defaults = defaults or {}
+        self.models = models
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-body", id="settings-body"):
@@ -114,10 +121,12 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
                     for spec in _FIELDS:
                         value = getattr(self.settings, spec.name)
                         yield Label(spec.label, classes="field-label")
+                        suggest = self.models if spec.name == "model" and self.models else None
                         yield Input(
                             "" if value is None else str(value),
                             id=spec.name,
                             placeholder=self.defaults.get(spec.name, spec.hint),
+                            suggester=SuggestFromList(suggest) if suggest else None,
                         )
             yield Label("", id="settings-error", markup=False)
             with Horizontal(classes="buttons"):
@@ -139,6 +148,12 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
         }
         for spec in _FIELDS:
             values[spec.name] = parse_field(spec, self.query_one(f"#{spec.name}", Input).value)
+        model = values["model"]
+        if self.models is not None and model and model not in self.models:
+            raise SettingsError(
+                f"Model: no model named {model!r}; one of {', '.join(self.models)}"
+                " (npuchat models lists them, npuchat import adds a GGUF)"
+            )
         settings = ConversationSettings(**values)  # type: ignore[arg-type]
         check_domains(settings)
         return settings

@@ -17,6 +17,7 @@ from textual.reactive import reactive
 from textual.widgets import Input, Label, ListItem, ListView
 
 from npuchat.app.store import Conversation
+from npuchat.app.tui.display_text import for_terminal
 from npuchat.app.tui.formatting import when
 from npuchat.app.tui.keys import bindings
 
@@ -30,7 +31,7 @@ class ConversationItem(ListItem):
     def __init__(self, conversation: Conversation, now: datetime) -> None:
         self._when = when(conversation.updated_at, now)
         super().__init__(
-            Label(conversation.title or "New chat", classes="title", markup=False),
+            Label(for_terminal(conversation.title or "New chat"), classes="title", markup=False),
             Label(self._when, classes="when", markup=False),
         )
         self.conversation = conversation

@@ -56,9 +56,11 @@ def title_request(
 
 
 def clean_title(text: str) -> str:
-    """The model's answer as a one-line title: first non-empty line, without quotes, Markdown
-    marks, a "Title:" label or a final full stop; "" if nothing is left."""
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    """The model's answer as a one-line title: the first non-empty line that is not a lead-in
+    ("Here's a possible title:"), without quotes, Markdown marks, a "Title:" label or a final
+    full stop; "" if nothing is left (a lead-in alone is no title)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if not ln.endswith(":")), "")
     line = re.sub(r"^(#+\s*|\*+|title\s*:\s*)", "", line, flags=re.IGNORECASE)
     line = line.strip(" \t*_`\"'“”‘’").rstrip(".")
     line = re.sub(r"\s+", " ", line).strip()
