@@ -75,9 +75,10 @@ class ScriptedEngine:
     made while another is running is answered `Failed(kind="busy")`, like a one-sequence
     ChatSession.
 
-    Background requests (titles) are answered by `background` and recorded in
-    `background_requests`, apart from the interactive `requests`; by default they get an empty
-    reply, which leaves a conversation's automatic title as it is.
+    With `background` set, background requests (the app's titles) are answered by it and
+    recorded in `background_requests`, apart from the interactive `requests`; without it they
+    are requests like any other. `make_app` sets `NO_TITLE` when a test scripts no titles, so
+    the app's title requests do not take the replies scripted for the user's turns.
     """
 
     def __init__(
@@ -98,7 +99,7 @@ class ScriptedEngine:
         self._kv_capacity = kv_capacity
         self._concurrent = concurrent
         self._lock = threading.Lock()
-        self._background = background or (lambda request: ScriptedReply([]))
+        self.background = background
         self.requests: list[ChatRequest] = []
         self.background_requests: list[ChatRequest] = []
         self.in_flight = 0
@@ -163,7 +164,7 @@ class ScriptedEngine:
                 busy = True
             else:
                 busy = False
-                if request.priority == "background":
+                if request.priority == "background" and self.background is not None:
                     self.background_requests.append(request)
                     index = -1
                 else:
@@ -175,7 +176,11 @@ class ScriptedEngine:
             yield Failed("a reply is already being generated", kind="busy")
             return
         try:
-            reply = self._background(request) if index < 0 else self._next_reply(request, index)
+            if index < 0:
+                assert self.background is not None
+                reply = self.background(request)
+            else:
+                reply = self._next_reply(request, index)
             yield from self._play(reply, request, cancel)
         finally:
             with self._lock:
@@ -208,6 +213,11 @@ class ScriptedEngine:
             yield Failed(reply.fail)
             return
         yield Finished(reply.stop_reason, metrics)
+
+
+def NO_TITLE(request: ChatRequest) -> ScriptedReply:
+    """An empty answer to a title request: the conversation keeps its automatic title."""
+    return ScriptedReply([])
 
 
 def instant_loader(engine: ScriptedEngine) -> Callable[..., ScriptedEngine]:
@@ -250,6 +260,8 @@ def make_app(
     if loader is None:
         assert engine is not None, "give an engine or a loader"
         loader = instant_loader(engine)
+    if engine is not None and engine.background is None:
+        engine.background = NO_TITLE
     return NpuchatApp(
         settings or Settings(cursor_blink=False),
         store,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from scripted_engine import (
+    NO_TITLE,
     ScriptedEngine,
     ScriptedReply,
     StepClock,
@@ -369,8 +370,10 @@ def test_loader_failure_is_shown_on_the_loading_screen(store: ConversationStore)
 def test_a_conversation_model_is_loaded_through_the_loader(store: ConversationStore) -> None:
     specs: list[Any] = []
     engines = {
-        "default-model": ScriptedEngine(model_name="default-model"),
-        "other-model": ScriptedEngine([ScriptedReply(["From other."])], model_name="other-model"),
+        "default-model": ScriptedEngine(model_name="default-model", background=NO_TITLE),
+        "other-model": ScriptedEngine(
+            [ScriptedReply(["From other."])], model_name="other-model", background=NO_TITLE
+        ),
     }
 
     def loader(spec: Any, progress: Callable[[str, float], None]) -> ScriptedEngine:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from scripted_engine import (
+    NO_TITLE,
     ScriptedEngine,
     ScriptedReply,
     StepClock,
@@ -99,8 +100,10 @@ MODELS = [
 
 def test_model_picker_in_the_palette_pulls_with_progress(store: ConversationStore) -> None:
     engines = {
-        "default-model": ScriptedEngine(model_name="default-model"),
-        "other-model": ScriptedEngine([ScriptedReply(["From other."])], model_name="other-model"),
+        "default-model": ScriptedEngine(model_name="default-model", background=NO_TITLE),
+        "other-model": ScriptedEngine(
+            [ScriptedReply(["From other."])], model_name="other-model", background=NO_TITLE
+        ),
     }
     go = threading.Event()
 
