@@ -115,6 +115,11 @@ def _summary_table(report: BenchReport) -> Table:
             note = f"{mem.peak_rss_vs_budget:.2f}× budget 1.3 × GGUF + KV in use ({budget:.0f} MiB)"
             _stat_row(t, "peak RSS (MiB)", mem.peak_rss_bytes, note, 1 / MIB, 0)
         t.add_row("weights (MiB)", f"{mem.weight_bytes / MIB:.0f}", "", "GGUF file size")
+        if mem.context_binary_bytes and mem.tensor_bytes:
+            ratio = mem.context_binary_bytes / mem.tensor_bytes
+            note = f"{ratio:.2f}× the GGUF's tensor bytes ({mem.tensor_bytes / MIB:.1f} MiB)"
+            binaries = f"{mem.context_binary_bytes / MIB:.1f}"
+            t.add_row("NPU context binaries (MiB)", binaries, "", note)
         caps = ", ".join(
             f"{c}: {b / MIB:.0f}" for c, b in mem.kv_bytes_by_capacity.items() if int(c) >= 1024
         )

@@ -4,7 +4,8 @@ Without `--model` it lists the execution providers and devices ONNX Runtime repo
 onnxruntime / onnxruntime-qnn / QAIRT versions, whether the QNN HTP is hardware or the x86
 simulator, and what `--device auto` picks. With `--model NAME --device npu` it compiles the
 model's NPU graphs (or loads them from the cache) exactly as a chat would, and reports each
-graph's placement: every node on the NPU, or which nodes fall back and QNN's reason. The exit
+graph's placement: every node on the NPU, or which nodes fall back and QNN's reason, and the
+context binaries' bytes against the GGUF's tensor bytes (the copies of the weights). The exit
 code is 1 when a graph is not 100% on the NPU, so scripts can check a model. With `--device cpu`
 it builds or loads the CPU graph and reports what ONNX Runtime loaded.
 """
@@ -26,6 +27,7 @@ from rich.table import Table
 from npuchat.engine import devices
 from npuchat.engine.draft_models import VERIFY_K
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.npu_sizes import describe
 
 from .context import AppContext
 
@@ -67,6 +69,7 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
         explain_placement,
         npu_specs,
     )
+    from npuchat.engine.npu_sizes import binary_sizes
     from npuchat.engine.runtime import GraphCache, model_sha256
 
     path = ctx.catalog.resolve(name)
@@ -105,6 +108,13 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
                 ("compiled now" if compiled.compiled else "from the cache"),
             )
             report["folder"] = str(compiled.folder)
+            sizes = binary_sizes(compiled.folder, path)
+            report["sizes"] = {
+                "binaries": sizes.binaries,
+                "binary_bytes": sizes.binary_bytes,
+                "tensor_bytes": sizes.tensor_bytes,
+                "ratio": round(sizes.ratio, 3),
+            }
         except NpuchatError as exc:
             show("explaining placement", 0.0)
             placements, source = explain_placement(path, specs, opts), "not compiled"
@@ -203,6 +213,9 @@ def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | No
             verdict if g["ok"] else f"[red]{verdict}[/]",
         )
     console.print(table)
+    if sizes := model.get("sizes"):
+        line = describe(len(sizes["binaries"]), sizes["binary_bytes"], sizes["tensor_bytes"])
+        console.print(f"  {line}", highlight=False)
     for g in model["graphs"]:
         for f in g["fallbacks"]:
             console.print(

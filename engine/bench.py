@@ -63,6 +63,7 @@ from .errors import NpuchatError
 from .gguf_reader import GGUFFile
 from .llama_bench import add_llama_ratios, run_llama_bench
 from .model import Model, default_capacities
+from .npu_sizes import gguf_tensor_bytes
 from .session import ChatSession
 from .speculative import SpeculativeDecoder
 
@@ -195,6 +196,8 @@ class BenchRun:
             kv_bytes_by_capacity=first.kv_bytes_by_capacity,
             kv_bytes_in_use=first.kv_bytes_in_use,
             rss_budget_bytes=int(1.3 * weights + first.kv_bytes_in_use),
+            tensor_bytes=gguf_tensor_bytes(self.gguf),
+            context_binary_bytes=first.context_binary_bytes or None,
         )
         peaks = [a.peak_rss_bytes for a, _ in cached if a.peak_rss_bytes]
         if peaks:

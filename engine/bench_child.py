@@ -22,6 +22,7 @@ from .bench_timers import ask, exercise, peak_rss_bytes, system_prompt
 from .draft_models import VERIFY_K
 from .errors import NpuchatError
 from .model import Model, default_capacities
+from .npu_sizes import binary_bytes
 from .session import ChatSession
 
 A = TypeVar("A")
@@ -48,6 +49,7 @@ class StartAnswer:
     kv_bytes_per_token: int
     kv_bytes_by_capacity: dict[str, int]
     kv_bytes_in_use: int
+    context_binary_bytes: int = 0  # device npu: the compiled folder's QNN context binaries
 
 
 @dataclass
@@ -86,6 +88,7 @@ def _start(spec: ChildSpec) -> StartAnswer:
     load_s = time.perf_counter() - t
     ready_wall = time.time()
     builds = model.graph_builds
+    binaries = sum(binary_bytes(model.graph_dir).values()) if spec.device == "npu" else 0
     exercise(model, min(512, model.max_capacity // 2))
     kv_in_use = model.kv_bytes  # the capacity variant the exercise moved to
     per_token = kv_in_use // model.capacity
@@ -99,6 +102,7 @@ def _start(spec: ChildSpec) -> StartAnswer:
         kv_bytes_per_token=per_token,
         kv_bytes_by_capacity={str(c): per_token * c for c in caps},
         kv_bytes_in_use=kv_in_use,
+        context_binary_bytes=binaries,
     )
 
 

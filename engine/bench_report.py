@@ -104,6 +104,8 @@ class MemoryFigures:
     peak_rss_bytes: Figure | None = None
     peak_rss_vs_budget: float | None = None
     suite_peak_rss_bytes: int | None = None
+    tensor_bytes: int | None = None  # every tensor's data in the GGUF
+    context_binary_bytes: int | None = None  # device npu: every QNN context binary of the set
 
 
 @dataclass

@@ -23,6 +23,7 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -44,6 +45,7 @@ from npuchat.engine.npu_compile import (
     npu_specs,
 )
 from npuchat.engine.npu_graphs import NpuGraphs
+from npuchat.engine.npu_sizes import binary_sizes
 from npuchat.engine.quant import dequantize_rows
 from npuchat.engine.runtime import GraphCache, model_sha256
 
@@ -346,9 +348,10 @@ def test_doctor_reports_full_npu_placement_for_every_arch(
     compiled on the first call and loaded from the cache on the second."""
     from npuchat.app.cli import main
 
+    paths = {}
     for arch, (tensor_type, kw) in MODELS.items():
-        path = synthetic_gguf(arch, tensor_type, context_length=256, **kw)
-        assert main(["import", str(path), "--name", f"syn-{arch}"]) == 0
+        paths[arch] = synthetic_gguf(arch, tensor_type, context_length=256, **kw)
+        assert main(["import", str(paths[arch]), "--name", f"syn-{arch}"]) == 0
     capsys.readouterr()
     for arch in MODELS:
         for expected in ("compiled now", "from the cache"):
@@ -360,9 +363,22 @@ def test_doctor_reports_full_npu_placement_for_every_arch(
             for g in model["graphs"]:
                 assert g["npu_percent"] == 100.0 and g["nodes"] == g["npu_nodes"] > 50
                 assert g["capacity"] == 256 and not g["fallbacks"]
+            _check_sizes(model, paths[arch])
     machine = report["machine"]
     assert machine["versions"]["qairt"] == devices.qnn_versions()[1]
     assert {d["ep_name"] for d in machine["devices"]} >= {devices.QNN_EP}
+
+
+def _check_sizes(model: dict[str, Any], gguf_path: Path) -> None:
+    """Doctor's byte counts are the context binaries on disk and gguf's own tensor table."""
+    import gguf
+
+    on_disk = {p.name: p.stat().st_size for p in Path(model["folder"]).glob("*.bin")}
+    tensors = sum(int(t.n_bytes) for t in gguf.GGUFReader(gguf_path).tensors)
+    sizes = model["sizes"]
+    assert sizes["binaries"] == on_disk and sizes["binary_bytes"] == sum(on_disk.values())
+    assert len(on_disk) == len(model["graphs"]) and sizes["tensor_bytes"] == tensors
+    assert sizes["ratio"] == round(sum(on_disk.values()) / tensors, 3)
 
 
 def test_doctor_without_a_model_lists_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -478,3 +494,29 @@ def test_draft_on_npu_target_on_cpu(
     assert tokens("syn-draft") == plain
     graphs = AppContext.load().paths.cache_dir / "graphs"
     assert len(list(graphs.rglob("*_qnn.bin"))) == 3  # the draft's decode/prefill/verify
+
+
+def test_quantized_weights_stay_quantized_in_each_binary(synthetic_gguf, tmp_path: Path) -> None:
+    """Each graph's context binary holds the GGUF's matrices at ~their quantized size (an fp16
+    expansion would be 1.8x for q8_0 and 3.6x for q4_0). The model is large enough (d 512,
+    ffn 1,536) that the matrices, not the graph's fixed ~150 KB, dominate a binary. The token
+    embedding is not in the binaries: the host gathers embedding rows (the head is untied)."""
+    import gguf
+
+    path = synthetic_gguf(
+        "llama", "q4_0", n_layers=2, d_model=512, ffn_dim=1536, tied_embeddings=False
+    )
+    cache = GraphCache(tmp_path)
+    specs = npu_specs(PREFILL, 0, CAPACITY, 0)
+    compiled = compile_npu_graphs(
+        path, model_sha256(path, tmp_path), specs, cache, devices.QnnOptions()
+    )
+    matrices = sum(
+        int(t.n_bytes)
+        for t in gguf.GGUFReader(path).tensors
+        if len(t.shape) == 2 and t.name != "token_embd.weight"
+    )
+    sizes = binary_sizes(compiled.folder, path)
+    assert set(sizes.binaries) == {f"{name}_ctx_qnn.bin" for name in specs}
+    for name, size in sizes.binaries.items():
+        assert 0.95 < size / matrices < 1.25, (name, size, matrices)
