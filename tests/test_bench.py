@@ -11,6 +11,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+import gguf as gguf_lib
 import pytest
 from synthetic import write_synthetic_gguf
 
@@ -148,6 +149,24 @@ def test_memory_figures_match_the_model(quick_run: dict[str, Any]) -> None:
     assert max(int(c) for c in mem["kv_bytes_by_capacity"]) == cfg.context_length
     assert mem["peak_rss_bytes"]["median"] > mem["weight_bytes"]
     assert mem["suite_peak_rss_bytes"] > 0
+    tensors = sum(int(t.n_bytes) for t in gguf_lib.GGUFReader(gguf).tensors)
+    assert mem["tensor_bytes"] == tensors and mem["context_binary_bytes"] is None  # CPU run
+
+
+def test_npu_binaries_row_against_tensor_bytes(quick_run: dict[str, Any]) -> None:
+    """A run on the NPU shows its context binaries' size as copies of the GGUF's tensors."""
+    from rich.console import Console
+
+    from npuchat.app.bench_render import render
+    from npuchat.engine.bench_report import BenchReport, from_plain
+
+    data = json.loads(quick_run["json"].read_text())
+    tensors = data["memory"]["tensor_bytes"]
+    data["memory"]["context_binary_bytes"] = 3 * tensors + tensors // 10
+    console = Console(width=200, record=True)
+    console.print(render(from_plain(BenchReport, data)))
+    row = next(line for line in console.export_text().splitlines() if "NPU context" in line)
+    assert "3.10× the GGUF's tensor bytes" in row
 
 
 def test_prefix_reuse_and_speculation_sections(quick_run: dict[str, Any]) -> None:
