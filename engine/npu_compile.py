@@ -5,7 +5,7 @@ capacity C: `prefill` (S = P, logits of the last row), `decode` (S = 1) and `ver
 logits of every row), built by `graph_builder` with static S and C and unfused norms (the HTP
 rejects `SkipSimplifiedLayerNormalization`), passed through `adapt_for_htp`, and compiled by the
 QNN EP into `<name>_ctx.onnx` plus its context binary `<name>_ctx_qnn.bin` (embed mode 0), one
-per graph: a shared one (`ep.share_ep_contexts`) crashes the x86 simulator on load.
+per graph: a shared one crashes the x86 simulator on load (`benchmarks/npu_shared_context.py`).
 
 Compiling is done with `session.disable_cpu_ep_fallback=1`: an op the HTP cannot run fails the
 compile, and the error names the nodes and QNN's reason (`diagnose`), never a silent CPU
@@ -49,9 +49,13 @@ Progress = Callable[[str, float], None]
 
 
 def npu_specs(
-    prefill_chunk: int, verify_k: int, capacity: int, accuracy_level: int = 4
+    prefill_chunk: int, verify_k: int, capacity: int, accuracy_level: int = 4, single: bool = False
 ) -> dict[str, GraphSpec]:
-    """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out."""
+    """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out.
+    `single`: one `step` graph (max(P, k+1) rows, all logits) for all, one copy of the weights."""
+    if single:
+        rows = max(prefill_chunk, verify_k + 1)
+        return {"step": GraphSpec.static(rows, capacity, rows, accuracy_level)}
     specs = {"decode": GraphSpec.static(1, capacity, 1, accuracy_level)}
     if prefill_chunk > 1:
         specs["prefill"] = GraphSpec.static(prefill_chunk, capacity, 1, accuracy_level)

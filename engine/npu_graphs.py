@@ -2,9 +2,11 @@
 
 The CPU path runs one symbolic graph for every step; the NPU has one compiled graph per step
 shape (`npu_compile.npu_specs`): `decode` (S = 1), `prefill` (S = P) and `verify` (S = k+1),
-all at one capacity C. A step with fewer rows than its graph is *left-padded*: the pad rows
-come first, the mask hides them from the real rows (`KVCache.fill_mask(pad=…)`), the last row
-is always a real one (prefill's logit row), and only the real rows' K/V are written back.
+all at one capacity C, or (`single_graph`) one `step` graph of max(P, k+1) rows, every row's
+logits, that serves all three with one copy of the weights. A step with fewer rows than its
+graph is *left-padded*: the pad rows come first, the mask hides them from the real rows
+(`KVCache.fill_mask(pad=…)`), the last row is always a real one (prefill's logit row), and only
+the real rows' K/V are written back.
 Pad rows repeat the first real row's embedding and rotary angle rather than zeros, so every
 value the fp16 HTP computes for them stays finite (a NaN in a masked column would still poison
 the softmax of the real rows).
@@ -124,10 +126,11 @@ class NpuGraphs:
         accuracy_level: int = 4,
         opts: QnnOptions | None = None,
         progress: ProgressFn | None = None,
+        single_graph: bool = False,
     ) -> NpuGraphs:
         """Compile (first use) or load (later) the graphs, then open one session per graph."""
         opts = opts or QnnOptions()
-        specs = npu_specs(prefill_chunk, verify_k, capacity, accuracy_level)
+        specs = npu_specs(prefill_chunk, verify_k, capacity, accuracy_level, single_graph)
         compiled = compile_npu_graphs(gguf_path, model_sha, specs, cache, opts, progress)
         if progress:
             progress("loading NPU graphs", 0.0)
@@ -138,9 +141,12 @@ class NpuGraphs:
         return self.compiled.folder
 
     def _pick(self, s: int, all_rows: bool) -> _Bound:
-        if s == 1:
+        if "step" in self._graphs:
+            name = "step"
+        elif s == 1:
             return self._graphs["decode"]
-        name = "verify" if all_rows else "prefill"
+        else:
+            name = "verify" if all_rows else "prefill"
         graph = self._graphs.get(name)
         if graph is None or s > graph.seq_len:
             raise NpuchatError(f"no NPU graph takes {s} rows at once ({name}); this is a bug")
@@ -186,4 +192,4 @@ class NpuGraphs:
         g.bind_cache(kv)
         g.session.run_with_iobinding(g.io)
         kv.write(g.new_k, g.new_v, slice(pad, None), n)
-        return g.logits[pad:].copy() if all_rows else g.logits.copy()
+        return g.logits[pad:].copy() if all_rows else g.logits[-1:].copy()

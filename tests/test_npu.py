@@ -76,7 +76,9 @@ MODELS = {
 class NpuDriver:
     """Prefill and greedy decode over `NpuGraphs`, the way `Model` drives its graphs."""
 
-    def __init__(self, path: Path, cache_dir: Path, verify_k: int = VERIFY_K) -> None:
+    def __init__(
+        self, path: Path, cache_dir: Path, verify_k: int = VERIFY_K, single_graph: bool = False
+    ) -> None:
         self.gguf = GGUFFile(path)
         self.cfg = cfg = self.gguf.config
         self.cache = GraphCache(cache_dir)
@@ -89,6 +91,7 @@ class NpuDriver:
             verify_k=verify_k,
             capacity=CAPACITY,
             accuracy_level=0,
+            single_graph=single_graph,
         )
         self.kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, [CAPACITY])
         self.cos, self.sin = rope_tables(cfg, np.arange(CAPACITY))
@@ -520,3 +523,38 @@ def test_quantized_weights_stay_quantized_in_each_binary(synthetic_gguf, tmp_pat
     assert set(sizes.binaries) == {f"{name}_ctx_qnn.bin" for name in specs}
     for name, size in sizes.binaries.items():
         assert 0.95 < size / matrices < 1.25, (name, size, matrices)
+
+
+def test_one_step_graph_serves_every_step_with_one_weight_copy(
+    synthetic_gguf, tmp_path: Path
+) -> None:
+    """`single_graph`: one 16-row graph with every row's logits runs prefill chunks, decode
+    (1 real row, 15 pad rows) and verify, with the CPU's greedy tokens; the whole set is one
+    binary within 1.15x the GGUF's tensor bytes (the three-graph set of the same model: ~3x).
+    The size is measured on a model whose matrices dominate (d 512), the tokens on a tiny one."""
+    path = synthetic_gguf("llama", "q8_0")
+    npu = NpuDriver(path, tmp_path / "npu", single_graph=True)
+    try:
+        assert set(npu.graphs.compiled.placements) == {"step"}
+        assert npu.graphs.compiled.placements["step"].complete
+        prompt = _prompt(npu.cfg.vocab_size, 21)
+        got_tokens, got = _greedy(npu.prefill, lambda t: npu.step([t])[0], prompt, DECODE_STEPS)
+        want_tokens, want = _cpu_greedy(path, tmp_path / "cpu", prompt)
+        assert got_tokens == want_tokens
+        assert _rel_err(got, want) < REL_TOL
+        end = npu.kv.n
+        npu.kv.rollback(end - 3)
+        rows = npu.step(got_tokens[-3:], all_rows=True)
+        assert rows.shape == (3, npu.cfg.vocab_size) and _rel_err(rows, got[-3:]) < REL_TOL
+    finally:
+        npu.close()
+
+    big = synthetic_gguf(
+        "llama", "q4_0", n_layers=2, d_model=512, ffn_dim=1536, tied_embeddings=False
+    )
+    cache = GraphCache(tmp_path / "big")
+    specs = npu_specs(PREFILL, VERIFY_K, CAPACITY, 0, single=True)
+    sha = model_sha256(big, tmp_path / "big")
+    compiled = compile_npu_graphs(big, sha, specs, cache, devices.QnnOptions())
+    sizes = binary_sizes(compiled.folder, big)
+    assert list(sizes.binaries) == ["step_ctx_qnn.bin"] and sizes.ratio <= 1.15, sizes
