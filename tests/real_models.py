@@ -14,20 +14,20 @@ from npuchat.engine.catalog import Catalog
 from npuchat.engine.paths import Paths
 from npuchat.engine.pull import pull
 
-__all__ = ["REFERENCE_DIR", "real_gguf", "test_cache_dir"]
+__all__ = ["REFERENCE_DIR", "cache_root", "real_gguf"]
 
 # Outputs of llama.cpp on the real models (see tests/data/README.md), kept in the repository.
 REFERENCE_DIR = Path(__file__).resolve().parent / "data"
 
 
-def test_cache_dir() -> Path:
+def cache_root() -> Path:
     return Path(os.environ.get("NPUCHAT_TEST_CACHE", Path.home() / ".cache" / "npuchat-test"))
 
 
 @pytest.fixture(scope="session")
 def real_gguf() -> Callable[[str], Path]:
     """Factory: `real_gguf("smollm2-135m") -> Path`, pulling the model on first use."""
-    root = test_cache_dir()
+    root = cache_root()
     paths = Paths(root / "config", root / "data", root / "cache", root / "models")
     catalog = Catalog.load(paths)
 

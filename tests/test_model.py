@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from real_models import REFERENCE_DIR, test_cache_dir
+from real_models import REFERENCE_DIR, cache_root
 from reference_forward import ReferenceModel, log_softmax
 
 from npuchat.engine.errors import NpuchatError
@@ -218,7 +218,7 @@ def test_real_model_agrees_with_llama_cpp(real_gguf, tmp_path: Path, name: str) 
     errors: list[float] = []
     disagreements: list[str] = []
     compared = 0
-    graphs = test_cache_dir() / "graphs"  # built once per builder version
+    graphs = cache_root() / "graphs"  # built once per builder version
     with Model.load(real_gguf(name), cache_dir=graphs, capacities=[256], threads=2) as m:
         for case in cases:
             m.rollback(0)

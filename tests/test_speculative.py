@@ -605,7 +605,7 @@ def test_real_model_verify_rows_equal_decode_bit_for_bit(
     """The same on real files (Q4_1; Q5_0/Q8_0/Q4_K/Q6_K), where a one-row and a multi-row
     kernel would differ by 0.2–0.9 in the logits (measured before decode steps were padded);
     Gemma 3 (Q5_0/Q4_K/Q6_K/Q8_0) with its sliding and global layers."""
-    graphs = real_models.test_cache_dir() / "graphs"
+    graphs = real_models.cache_root() / "graphs"
     with Model.load(real_gguf(name), cache_dir=graphs, threads=2, verify_k=7) as m:
         prompt = [int(t) for t in np.random.default_rng(2).integers(100, 5000, 250)]
         pairs = _decode_and_verify(m, prompt, [2000, 2001, 345, 2003, 17, 999, 4242, 3])
@@ -619,7 +619,7 @@ def test_real_pair_greedy_equals_target_only(
 ) -> None:
     """qwen2.5-coder-1.5b with its 0.5b draft plus lookup: the same tokens as target-only,
     with the int8-activation graphs the app runs, on code writing, code editing and chat."""
-    graphs = real_models.test_cache_dir() / "graphs"
+    graphs = real_models.cache_root() / "graphs"
     kw = {"cache_dir": graphs, "threads": 2, "capacities": [256]}
     session = ChatSession.open(
         real_gguf("qwen2.5-coder-1.5b"),
