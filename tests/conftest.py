@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from real_models import *  # noqa: F403  (fixtures)
+from scripted_engine import store  # noqa: F401  (fixture)
 from synthetic import synthetic_gguf  # noqa: F401  (fixture)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from textual.pilot import Pilot
 
 from npuchat.app.engine_port import ModelChoice
@@ -320,3 +321,11 @@ async def send(pilot: Pilot[None], text: str) -> None:
     composer.focus()
     composer.text = text
     await pilot.press("enter")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ConversationStore]:
+    """A conversation database in the test's folder, on the deterministic clock."""
+    s = ConversationStore.open(tmp_path / "data" / "conversations.sqlite3", clock=StepClock())
+    yield s
+    s.close()

@@ -6,15 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from scripted_engine import (
     NO_TITLE,
     ScriptedEngine,
     ScriptedReply,
-    StepClock,
     make_app,
     reply_settled,
     wait_for_chat,
@@ -142,13 +139,6 @@ def test_unreachable_server_and_wrong_key_are_one_line_errors() -> None:
         with pytest.raises(NpuchatError, match="does not serve"):
             OpenAIEngine(server.url, api_key="k", model="other")
         OpenAIEngine(server.url, api_key="k").close()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ConversationStore]:
-    s = ConversationStore.open(tmp_path / "data" / "conversations.sqlite3", clock=StepClock())
-    yield s
-    s.close()
 
 
 def test_the_app_chats_with_a_served_engine(store: ConversationStore) -> None:

@@ -42,13 +42,6 @@ from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import ChatMessage, Notice
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> ConversationStore:
-    s = ConversationStore.open(tmp_path / "data" / "conversations.sqlite3", clock=StepClock())
-    yield s
-    s.close()
-
-
 def metric(screen: ChatScreen, row: str) -> str:
     return str(screen.query_one(f"#m-{row}", Label).render())
 

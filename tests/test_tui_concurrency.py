@@ -4,14 +4,9 @@ composer. Against the scripted engine, which can stream several replies at once 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from scripted_engine import (
     ScriptedEngine,
     ScriptedReply,
-    StepClock,
     make_app,
     run_chat,
     send,
@@ -26,13 +21,6 @@ from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.message_list import AssistantMessage, UserMessage
 from npuchat.app.tui.sidebar import ConversationItem
 from npuchat.engine.events import ChatMessage
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ConversationStore]:
-    s = ConversationStore.open(tmp_path / "data" / "conversations.sqlite3", clock=StepClock())
-    yield s
-    s.close()
 
 
 def items(screen: ChatScreen) -> dict[str, ConversationItem]:

@@ -4,16 +4,13 @@ on demand when they do not, the footer's keys never cut off) and of the model pi
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from scripted_engine import (
     NO_TITLE,
     ScriptedEngine,
     ScriptedReply,
-    StepClock,
     make_app,
     run_chat,
     send,
@@ -33,13 +30,6 @@ from npuchat.app.tui.metrics_panel import MetricsPanel
 from npuchat.app.tui.settings_modal import SettingsScreen
 from npuchat.app.tui.sidebar import Sidebar
 from npuchat.app.tui.switch_bar import ModelSwitchBar
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ConversationStore]:
-    s = ConversationStore.open(tmp_path / "data" / "conversations.sqlite3", clock=StepClock())
-    yield s
-    s.close()
 
 
 def footer_text(screen: ChatScreen) -> str:

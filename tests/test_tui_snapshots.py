@@ -7,14 +7,12 @@ change with `pytest tests/test_tui_snapshots.py --snapshot-update` and look at t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from scripted_engine import (
     ScriptedEngine,
     ScriptedReply,
-    StepClock,
     make_app,
     wait_for_chat,
     wait_until,
@@ -67,13 +65,6 @@ STORED_METRICS = Metrics(
     draft="qwen2.5-coder-0.5b",
     device="npu",
 )
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ConversationStore]:
-    s = ConversationStore.open(tmp_path / "data" / "conversations.sqlite3", clock=StepClock())
-    yield s
-    s.close()
 
 
 def seed_conversation(store: ConversationStore) -> str:
