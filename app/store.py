@@ -7,21 +7,30 @@ those small commits cheap. Opening, schema versions and damage checks live in `s
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import Metrics
 
 from . import store_schema
+from .store_records import (
+    Conversation,
+    ConversationSettings,
+    ExportFormat,
+    MessageStatus,
+    Role,
+    StoredMessage,
+    conversation_from_row,
+    default_title,
+    message_from_row,
+    metrics_to_json,
+)
 from .store_schema import (
-    SCHEMA_VERSION,
     check_and_migrate,
     connect,
     damaged,
@@ -30,74 +39,14 @@ from .store_schema import (
 
 T = TypeVar("T")
 
-Role = Literal["system", "user", "assistant"]
-MessageStatus = Literal["complete", "stopped", "partial", "error"]
-ExportFormat = Literal["markdown", "json"]
-MESSAGE_STATUSES: tuple[str, ...] = ("complete", "stopped", "partial", "error")
-
 Clock = Callable[[], datetime]
+
+_CONVERSATION_COLUMNS = "id, title, created_at, updated_at, settings"
+_MESSAGE_COLUMNS = "id, conversation_id, role, content, status, created_at, metrics, error"
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class ConversationSettings:
-    """Per-conversation generation settings. Empty model/draft mean "the app's default"."""
-
-    system_prompt: str = "You are a helpful assistant."
-    model: str = ""
-    draft: str = ""
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 40
-    max_tokens: int = 1024
-    seed: int | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ConversationSettings:
-        """Read stored settings; unknown keys (from a later version) are ignored, missing ones
-        take their defaults, so old rows keep working as fields are added."""
-        data = json.loads(text) if text else {}
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str
-    title: str
-    created_at: datetime
-    updated_at: datetime
-    settings: ConversationSettings = field(default_factory=ConversationSettings)
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    id: int
-    conversation_id: str
-    role: Role
-    content: str
-    status: MessageStatus
-    created_at: datetime
-    metrics: Metrics | None = None
-    error: str = ""
-
-
-def metrics_to_json(metrics: Metrics | None) -> str | None:
-    return None if metrics is None else json.dumps(asdict(metrics), sort_keys=True)
-
-
-def metrics_from_json(text: str | None) -> Metrics | None:
-    if not text:
-        return None
-    data = json.loads(text)
-    known = {f.name for f in fields(Metrics)}
-    return Metrics(**{k: v for k, v in data.items() if k in known})
 
 
 class ConversationStore:
@@ -216,24 +165,23 @@ class ConversationStore:
     def get_conversation(self, conversation_id: str) -> Conversation:
         row = self._read(
             lambda db: db.execute(
-                "SELECT id, title, created_at, updated_at, settings FROM conversations"
-                " WHERE id = ?",
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?",
                 (conversation_id,),
             ).fetchone()
         )
         if row is None:
             raise NpuchatError(f"conversation {conversation_id} does not exist")
-        return _conversation(row)
+        return conversation_from_row(row)
 
     def list_conversations(self) -> list[Conversation]:
         """Most recently updated first."""
         rows = self._read(
             lambda db: db.execute(
-                "SELECT id, title, created_at, updated_at, settings FROM conversations"
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations"
                 " ORDER BY updated_at DESC, rowid DESC"
             ).fetchall()
         )
-        return [_conversation(r) for r in rows]
+        return [conversation_from_row(r) for r in rows]
 
     def search(self, text: str) -> list[Conversation]:
         """Conversations whose title or any message contains `text` (case-insensitive)."""
@@ -250,7 +198,7 @@ class ConversationStore:
                 {"p": pattern},
             ).fetchall()
         )
-        return [_conversation(r) for r in rows]
+        return [conversation_from_row(r) for r in rows]
 
     def rename(self, conversation_id: str, title: str) -> None:
         self._update_conversation(conversation_id, "title = ?", (title.strip(),))
@@ -334,24 +282,22 @@ class ConversationStore:
     def get_message(self, message_id: int) -> StoredMessage:
         row = self._read(
             lambda db: db.execute(
-                "SELECT id, conversation_id, role, content, status, created_at, metrics, error"
-                " FROM messages WHERE id = ?",
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?",
                 (message_id,),
             ).fetchone()
         )
         if row is None:
             raise NpuchatError(f"message {message_id} does not exist")
-        return _message(row)
+        return message_from_row(row)
 
     def messages(self, conversation_id: str) -> list[StoredMessage]:
         rows = self._read(
             lambda db: db.execute(
-                "SELECT id, conversation_id, role, content, status, created_at, metrics, error"
-                " FROM messages WHERE conversation_id = ? ORDER BY id",
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id",
                 (conversation_id,),
             ).fetchall()
         )
-        return [_message(r) for r in rows]
+        return [message_from_row(r) for r in rows]
 
     def truncate_from(self, conversation_id: str, message_id: int) -> None:
         """Delete `message_id` and every later message (regenerate, edit-and-continue)."""
@@ -382,40 +328,4 @@ class ConversationStore:
         return path
 
 
-def default_title(first_user_message: str, limit: int = 60) -> str:
-    """The first line of the first user message, shortened to `limit` characters."""
-    line = next((ln.strip() for ln in first_user_message.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
-
-
-def _conversation(row: tuple) -> Conversation:
-    return Conversation(
-        id=row[0],
-        title=row[1],
-        created_at=datetime.fromisoformat(row[2]),
-        updated_at=datetime.fromisoformat(row[3]),
-        settings=ConversationSettings.from_json(row[4]),
-    )
-
-
-def _message(row: tuple) -> StoredMessage:
-    return StoredMessage(
-        id=row[0],
-        conversation_id=row[1],
-        role=row[2],
-        content=row[3],
-        status=row[4],
-        created_at=datetime.fromisoformat(row[5]),
-        metrics=metrics_from_json(row[6]),
-        error=row[7],
-    )
-
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "Conversation",
-    "ConversationSettings",
-    "ConversationStore",
-    "StoredMessage",
-    "default_title",
-]
+__all__ = ["ConversationStore", "MessageStatus"]  # MessageStatus: callers that write rows

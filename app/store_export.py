@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from .store import Conversation, StoredMessage
+from .store_records import Conversation, StoredMessage
 
 
 def export_markdown(conv: Conversation, msgs: list[StoredMessage]) -> str:

@@ -31,19 +31,24 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .bench_child import ChildSpec, RestartAnswer, StartAnswer, run_child
+from .bench_child import (
+    ChildSpec,
+    RestartAnswer,
+    StartAnswer,
+    memory_figures,
+    run_child,
+    start_figures,
+)
 from .bench_report import (
     BenchReport,
     ChatFigures,
     DecodeRow,
     Figure,
-    MemoryFigures,
     ModelInfo,
     PrefillRow,
     PrefixReuseFigures,
     SpeculationFigures,
     SpeculationRow,
-    StartFigures,
 )
 from .bench_suites import PROMPTS, SPEC_MODES, SuiteConfig
 from .bench_timers import (
@@ -63,7 +68,6 @@ from .errors import NpuchatError
 from .gguf_reader import GGUFFile
 from .llama_bench import add_llama_ratios, run_llama_bench
 from .model import Model, default_capacities
-from .npu_sizes import gguf_tensor_bytes
 from .session import ChatSession
 from .speculative import SpeculativeDecoder
 
@@ -177,33 +181,8 @@ class BenchRun:
             cached.append(run_child(self._spec("start", self.main_cache), StartAnswer, spec_file))
             self._step("cached start")
 
-        def ready(runs: list[tuple[StartAnswer, float]]) -> Figure:
-            return Figure.of([a.ready_wall - spawned for a, spawned in runs])
-
-        self.report.start = StartFigures(
-            cold_s=Figure.of([a.load_s for a, _ in cold]),
-            cached_s=Figure.of([a.load_s for a, _ in cached]),
-            cold_process_s=ready(cold),
-            cached_process_s=ready(cached),
-            cold_graph_builds=min(a.graph_builds for a, _ in cold),
-            cached_graph_builds=max(a.graph_builds for a, _ in cached),
-        )
-        first = cached[0][0]
-        weights = self.gguf.stat().st_size
-        memory = MemoryFigures(
-            weight_bytes=weights,
-            kv_bytes_per_token=first.kv_bytes_per_token,
-            kv_bytes_by_capacity=first.kv_bytes_by_capacity,
-            kv_bytes_in_use=first.kv_bytes_in_use,
-            rss_budget_bytes=int(1.3 * weights + first.kv_bytes_in_use),
-            tensor_bytes=gguf_tensor_bytes(self.gguf),
-            context_binary_bytes=first.context_binary_bytes or None,
-        )
-        peaks = [a.peak_rss_bytes for a, _ in cached if a.peak_rss_bytes]
-        if peaks:
-            memory.peak_rss_bytes = Figure.of(peaks)
-            memory.peak_rss_vs_budget = memory.peak_rss_bytes.median / memory.rss_budget_bytes
-        self.report.memory = memory
+        self.report.start = start_figures(cold, cached)
+        self.report.memory = memory_figures(self.gguf, cached)
 
     @property
     def main_cache(self) -> Path:

@@ -2,7 +2,8 @@
 new process (interpreter, imports, graph load), so they are measured in one.
 
 The parent writes a `ChildSpec` as JSON and runs `python -m npuchat.engine.bench_child SPEC`; the
-child prints one JSON line, a `StartAnswer` or a `RestartAnswer`.
+child prints one JSON line, a `StartAnswer` or a `RestartAnswer`, which the parent turns into
+the report's start-up and memory figures (`start_figures`, `memory_figures`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from .bench_report import from_plain
+from .bench_report import Figure, MemoryFigures, StartFigures, from_plain
 from .bench_timers import ask, exercise, peak_rss_bytes, system_prompt
 from .draft_models import VERIFY_K
 from .errors import NpuchatError
 from .model import Model, default_capacities
-from .npu_sizes import binary_bytes
+from .npu_sizes import binary_bytes, gguf_tensor_bytes
 from .session import ChatSession
 
 A = TypeVar("A")
@@ -73,6 +74,45 @@ def run_child(spec: ChildSpec, answer: type[A], spec_file: Path) -> tuple[A, flo
         tail = "\n".join(res.stderr.strip().splitlines()[-5:])
         raise NpuchatError(f"benchmark child process ({spec.kind}) failed:\n{tail}")
     return from_plain(answer, json.loads(res.stdout.strip().splitlines()[-1])), spawned
+
+
+def start_figures(
+    cold: list[tuple[StartAnswer, float]], cached: list[tuple[StartAnswer, float]]
+) -> StartFigures:
+    """Cold and cached starts from the children's answers, each with the time it spawned."""
+
+    def ready(runs: list[tuple[StartAnswer, float]]) -> Figure:
+        return Figure.of([a.ready_wall - spawned for a, spawned in runs])
+
+    return StartFigures(
+        cold_s=Figure.of([a.load_s for a, _ in cold]),
+        cached_s=Figure.of([a.load_s for a, _ in cached]),
+        cold_process_s=ready(cold),
+        cached_process_s=ready(cached),
+        cold_graph_builds=min(a.graph_builds for a, _ in cold),
+        cached_graph_builds=max(a.graph_builds for a, _ in cached),
+    )
+
+
+def memory_figures(gguf: Path, cached: list[tuple[StartAnswer, float]]) -> MemoryFigures:
+    """What the model costs in memory: weights, KV per capacity, and the cached starts' peak
+    RSS against the budget of 1.3x the GGUF plus the KV cache in use."""
+    first = cached[0][0]
+    weights = gguf.stat().st_size
+    memory = MemoryFigures(
+        weight_bytes=weights,
+        kv_bytes_per_token=first.kv_bytes_per_token,
+        kv_bytes_by_capacity=first.kv_bytes_by_capacity,
+        kv_bytes_in_use=first.kv_bytes_in_use,
+        rss_budget_bytes=int(1.3 * weights + first.kv_bytes_in_use),
+        tensor_bytes=gguf_tensor_bytes(gguf),
+        context_binary_bytes=first.context_binary_bytes or None,
+    )
+    peaks = [a.peak_rss_bytes for a, _ in cached if a.peak_rss_bytes]
+    if peaks:
+        memory.peak_rss_bytes = Figure.of(peaks)
+        memory.peak_rss_vs_budget = memory.peak_rss_bytes.median / memory.rss_budget_bytes
+    return memory
 
 
 def _start(spec: ChildSpec) -> StartAnswer:

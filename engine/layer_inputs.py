@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gguf_reader import ModelConfig
+from .model_config import ModelConfig
 
 __all__ = ["apply_window", "rope_tables"]
 

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 from gguf.quants import dequantize
 
-from npuchat.engine.gguf_reader import GGUFFile, ModelConfig
+from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.model_config import ModelConfig
 
 __all__ = ["ROPE_NEOX_ARCHS", "ReferenceModel", "log_softmax"]
 

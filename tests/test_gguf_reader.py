@@ -19,7 +19,8 @@ from gguf.quants import dequantize
 from synthetic import ARCHS, TENSOR_TYPES, ggml_type, quantize_tensor, write_synthetic_gguf
 
 from npuchat.engine.errors import NpuchatError, UnsupportedModelError
-from npuchat.engine.gguf_reader import GGUFFile, GGUFFormatError, RopeScaling, read_config
+from npuchat.engine.gguf_reader import GGUFFile, GGUFFormatError, read_config
+from npuchat.engine.model_config import RopeScaling
 
 MakeGGUF = Callable[..., Path]
 

@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from npuchat.app.store import (
-    SCHEMA_VERSION,
-    ConversationSettings,
-    ConversationStore,
-    default_title,
-)
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import ConversationSettings, default_title
+from npuchat.app.store_schema import SCHEMA_VERSION
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import Metrics
 

@@ -10,7 +10,7 @@ import pytest
 from scripted_engine import ScriptedEngine, ScriptedReply
 from textual.color import Color
 
-from npuchat.app.store import ConversationSettings, StoredMessage
+from npuchat.app.store_records import ConversationSettings, StoredMessage
 from npuchat.app.tui.formatting import acceptance, kv_text, reply_summary, seconds, when
 from npuchat.app.tui.generation import ReplyBuffer, build_request, run_generation, thin
 from npuchat.app.tui.help_screen import key_label

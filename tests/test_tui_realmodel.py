@@ -12,7 +12,8 @@ from textual.widgets import Input, Label
 
 from npuchat.app.engine_port import EngineSpec
 from npuchat.app.settings import Settings
-from npuchat.app.store import ConversationSettings, ConversationStore
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import ConversationSettings
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.message_list import AssistantMessage
 from npuchat.app.tui.settings_modal import SettingsScreen

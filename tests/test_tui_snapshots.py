@@ -20,7 +20,8 @@ from scripted_engine import (
 from textual.pilot import Pilot
 
 from npuchat.app.settings import Settings
-from npuchat.app.store import ConversationSettings, ConversationStore
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import ConversationSettings
 from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.help_screen import HelpScreen

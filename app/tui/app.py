@@ -20,7 +20,8 @@ from textual.filter import LineFilter
 
 from npuchat.app.engine_port import EngineLoader, EngineSpec, ModelChoice, ModelLister
 from npuchat.app.settings import Settings, set_setting
-from npuchat.app.store import ConversationSettings, ConversationStore
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import ConversationSettings
 from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.help_screen import HelpScreen
 from npuchat.app.tui.keymap_check import check_keymap

@@ -1,15 +1,16 @@
 """The chat screen: sidebar, message list, composer and metrics panel.
 
-The screen lays out and shows; replies in flight belong to the `ReplyController` (they keep
-streaming into their own conversation while another one is shown), whole-conversation dialogs
-to `ConversationActions`. What the widgets show follows reactive state: the conversation on
-screen, the conversations generating, and which panels are visible at this width.
+The screen lays out, sends, regenerates and switches models; replies in flight belong to the
+`ReplyController` (they keep streaming into their own conversation while another one is shown),
+which conversation is shown and the edit of an earlier message to `ConversationScreen`, and
+whole-conversation dialogs to `ConversationActions`. What the widgets show follows reactive
+state: the conversation on screen, the conversations generating, the message being edited, and
+which panels are visible at this width.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from textual import on
 from textual.app import ComposeResult
@@ -17,10 +18,11 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Static
 
 from npuchat.app.engine_port import EngineSpec
-from npuchat.app.store import Conversation, ConversationSettings, StoredMessage
+from npuchat.app.store_records import Conversation, ConversationSettings
 from npuchat.app.tui.commands import ChatCommands
 from npuchat.app.tui.composer import Composer
 from npuchat.app.tui.conversation_actions import ConversationActions
+from npuchat.app.tui.conversation_screen import ConversationScreen
 from npuchat.app.tui.display_text import for_terminal
 from npuchat.app.tui.footer import ChatFooter
 from npuchat.app.tui.generation import build_request
@@ -29,7 +31,6 @@ from npuchat.app.tui.keys import bindings
 from npuchat.app.tui.message_list import (
     AssistantMessage,
     MessageList,
-    MessageView,
     UserMessage,
 )
 from npuchat.app.tui.messages import (
@@ -38,16 +39,12 @@ from npuchat.app.tui.messages import (
 )
 from npuchat.app.tui.metrics_panel import MetricsPanel
 from npuchat.app.tui.model_picker import ModelCommands
-from npuchat.app.tui.reply_screen import ReplyScreen
 from npuchat.app.tui.sidebar import ConversationList, Sidebar
 from npuchat.app.tui.switch_bar import ModelSwitchBar
 from npuchat.engine.errors import NpuchatError
 
-if TYPE_CHECKING:
-    pass
 
-
-class ChatScreen(ReplyScreen):
+class ChatScreen(ConversationScreen):
     BINDINGS = bindings(
         "stop",
         "regenerate",
@@ -67,7 +64,6 @@ class ChatScreen(ReplyScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.new_chat_settings: ConversationSettings | None = None
         self.actions = ConversationActions(self)
 
     # ---- layout ----------------------------------------------------------------------------
@@ -89,6 +85,7 @@ class ChatScreen(ReplyScreen):
         composer = self.query_one(Composer)
         composer.cursor_blink = app.settings.cursor_blink
         composer.border_title = "Message"
+        self.follow_edits()
         self._show_engine()
         self.query_one(MetricsPanel).show(None, [], "no reply yet")
         self._apply_layout(self.app.size.width)
@@ -112,12 +109,6 @@ class ChatScreen(ReplyScreen):
                 engine.model_name, engine.draft_name, engine.device
             )
 
-    @property
-    def current_settings(self) -> ConversationSettings:
-        if self.conversation is not None:
-            return self.conversation.settings
-        return self.new_chat_settings or self.npuchat.default_conversation_settings()
-
     def _spec_for(self, settings: ConversationSettings) -> EngineSpec:
         app_settings = self.npuchat.settings
         return EngineSpec(
@@ -125,19 +116,6 @@ class ChatScreen(ReplyScreen):
             draft=settings.draft or app_settings.draft,
             device=app_settings.device,
         )
-
-    def _busy_here(self, what: str) -> bool:
-        """True (and tell the user) when this conversation's reply or a model load is running."""
-        if self.replies.get(self.conversation_id) is not None:
-            self.notify(f"A reply is being generated here; press Esc to stop it before you {what}.")
-            return True
-        return self._loading(what)
-
-    def _loading(self, what: str) -> bool:
-        if self.query_one(ModelSwitchBar).loading_spec is not None:
-            self.notify(f"A model is loading; wait for it before you {what}.")
-            return True
-        return False
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Hide the keys that do nothing right now, so the footer stays short."""
@@ -200,12 +178,6 @@ class ChatScreen(ReplyScreen):
         view = AssistantMessage(row.id, status="partial")
         await self._mount_views([view])
         self.begin_reply(engine, request, row.id, view)
-
-    async def _mount_views(self, views: list[MessageView]) -> None:
-        messages = self.query_one(MessageList)
-        await messages.mount_all(views)
-        messages.update_empty_hint()
-        messages.scroll_end(animate=False)
 
     # ---- model switching -------------------------------------------------------------------
 
@@ -292,117 +264,12 @@ class ChatScreen(ReplyScreen):
             engine, replace(request, continue_reply=True), view.message_id, view, view.content
         )
 
-    def action_edit_last(self) -> None:
-        views = list(self.query(UserMessage))
-        if views:
-            self._begin_edit(views[-1])
-        else:
-            self.notify("No message to edit yet.")
-
-    @on(UserMessage.EditRequested)
-    def _edit_requested(self, event: UserMessage.EditRequested) -> None:
-        self._begin_edit(event.view)
-
-    def _begin_edit(self, view: UserMessage) -> None:
-        if self._busy_here("edit a message"):
-            return
-        for other in self.query(UserMessage):
-            other.set_class(other is view, "-editing")
-        views = list(self.query(MessageView))
-        later = len(views) - 1 - views.index(view)
-        assert view.message_id is not None
-        self.query_one(Composer).begin_edit(view.message_id, view.content, later)
-        self.refresh_bindings()
-
-    @property
-    def _editing(self) -> int | None:
-        return self.query_one(Composer).editing
-
-    def _end_edit(self) -> None:
-        for view in self.query(UserMessage):
-            view.remove_class("-editing")
-        self.query_one(Composer).editing = None
-        self.refresh_bindings()
-
-    async def _truncate_from(self, message_id: int) -> None:
-        """Drop a message and everything after it, in the store and on screen."""
-        assert self.conversation is not None
-        self.npuchat.store.truncate_from(self.conversation.id, message_id)
-        await self.query_one(MessageList).remove_from(message_id)
-
     def action_copy_code(self) -> None:
         reply = self.query_one(MessageList).focused_or_last_assistant()
         if reply is None:
             self.notify("No reply yet.")
             return
         reply.action_copy_code()
-
-    async def action_new_chat(self) -> None:
-        if self._loading("start a new chat"):
-            return
-        self._end_edit()
-        self.conversation = None
-        self.new_chat_settings = None
-        await self._show_conversation([])
-        self.query_one(MetricsPanel).show(None, [], "no reply yet")
-        await self.refresh_sidebar()
-        self.focus_composer()
-
-    async def open_conversation(self, conversation_id: str) -> None:
-        if self._loading("switch conversations"):
-            return
-        self._end_edit()
-        store = self.npuchat.store
-        try:
-            conversation = store.get_conversation(conversation_id)
-            history = store.messages(conversation_id)
-        except NpuchatError as exc:  # damaged, locked or deleted by another process
-            self.notify(str(exc), title="Cannot open the chat", severity="error", timeout=12)
-            return
-        self.conversation = conversation
-        await self._show_conversation(history)
-        panel = self.query_one(MetricsPanel)
-        active = self.replies.get(conversation_id)
-        if active is not None:
-            panel.show(active.metrics, active.rates, "live")
-        else:
-            last = next((m for m in reversed(history) if m.metrics is not None), None)
-            state = "last reply" if last else "no reply yet"
-            panel.show(last.metrics if last else None, [], state)
-        await self.refresh_sidebar()
-        self.focus_composer()
-
-    async def _pick_up_other_writes(self) -> bool:
-        """Show the conversation as stored if another process (`npuchat run --conversation`)
-        changed it since it was shown; True if it had. Actions that delete or continue from
-        "the last reply" must act on what the user sees, never on turns they have not seen."""
-        if self.conversation is None:
-            return False
-        history = self.npuchat.store.messages(self.conversation.id)
-        stored = [m.id for m in history if m.role in ("user", "assistant")]
-        shown = [v.message_id for v in self.query_one(MessageList).query(MessageView)]
-        if stored == shown:
-            return False
-        await self._show_conversation(history)
-        return True
-
-    async def _show_conversation(self, history: list[StoredMessage]) -> None:
-        """Replace the message views; a reply still streaming here gets a view again."""
-        self.replies.detach_all()
-        active = self.replies.get(self.conversation_id)
-        streaming = (active.message_id, active.content) if active is not None else None
-        max_tokens = self.current_settings.max_tokens
-        view = await self.query_one(MessageList).show_history(history, max_tokens, streaming)
-        if active is not None and view is not None:
-            self.replies.attach(active.conversation_id, view)
-
-    @on(Sidebar.Selected)
-    async def _sidebar_selected(self, event: Sidebar.Selected) -> None:
-        await self.open_conversation(event.conversation.id)
-
-    @on(Sidebar.SearchChanged)
-    async def _search_changed(self, event: Sidebar.SearchChanged) -> None:
-        await self.refresh_sidebar()
 
     def action_rename_chat(self) -> None:
         self.actions.rename()

@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npuchat.app.store import Conversation, ConversationSettings, ConversationStore
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import Conversation, ConversationSettings
 from npuchat.app.tui.dialogs import ConfirmScreen, PromptScreen
 from npuchat.app.tui.settings_modal import SettingsScreen
 from npuchat.engine.errors import NpuchatError

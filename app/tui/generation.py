@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from npuchat.app.store import ConversationSettings, StoredMessage
+from npuchat.app.store_records import ConversationSettings, StoredMessage
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import (
     Cancelled,

@@ -14,7 +14,7 @@ from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
-from npuchat.app.store import MessageStatus, StoredMessage
+from npuchat.app.store_records import MessageStatus, StoredMessage
 from npuchat.app.tui.display_text import for_terminal
 from npuchat.app.tui.formatting import reply_summary
 from npuchat.app.tui.keys import bindings

@@ -19,7 +19,8 @@ from typing import Protocol
 
 from textual.timer import Timer
 
-from npuchat.app.store import ConversationStore, MessageStatus
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import MessageStatus
 from npuchat.app.store_schema import DatabaseBusyError
 from npuchat.app.tui.formatting import prefill_progress, prefilling
 from npuchat.app.tui.generation import ReplyBuffer, thin

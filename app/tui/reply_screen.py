@@ -12,7 +12,7 @@ from typing import Literal
 from textual import work
 from textual.reactive import var
 
-from npuchat.app.store import Conversation
+from npuchat.app.store_records import Conversation
 from npuchat.app.tui.formatting import prefill_progress, prefilling
 from npuchat.app.tui.generation import run_generation
 from npuchat.app.tui.message_list import AssistantMessage, MessageList, NoticeView

@@ -17,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, TextArea
 
-from npuchat.app.store import ConversationSettings
+from npuchat.app.store_records import ConversationSettings
 from npuchat.engine.events import SamplingParams
 from npuchat.engine.sampling_domain import sampling_problems
 

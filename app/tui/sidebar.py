@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Input, Label, ListItem, ListView
 
-from npuchat.app.store import Conversation
+from npuchat.app.store_records import Conversation
 from npuchat.app.tui.display_text import for_terminal
 from npuchat.app.tui.formatting import when
 from npuchat.app.tui.keys import bindings

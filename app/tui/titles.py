@@ -17,12 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from textual.worker import Worker, WorkerCancelled, WorkerError
 
-from npuchat.app.store import (
-    ConversationSettings,
-    ConversationStore,
-    StoredMessage,
-    default_title,
-)
+from npuchat.app.store import ConversationStore
+from npuchat.app.store_records import ConversationSettings, StoredMessage, default_title
 from npuchat.app.tui.generation import build_request
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import (
