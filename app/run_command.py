@@ -37,7 +37,7 @@ from npuchat.engine.events import (
 from npuchat.engine.sampling_domain import SAMPLING_FIELDS, check_sampling
 
 from .context import AppContext
-from .engine_factory import open_engine
+from .engine_factory import open_concurrent_engine
 from .engine_port import EngineSpec
 from .progress import RichPullProgress
 from .store import ConversationStore, MessageStatus
@@ -136,7 +136,7 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
                 for m in store.messages(conversation.id)
                 if m.role in ("user", "assistant") and m.status != "error"
             ]
-    engine = open_engine(
+    engine = open_concurrent_engine(
         ctx,
         EngineSpec(model, ctx.settings.draft if args.run_draft is None else args.run_draft, device),
         pull_progress=RichPullProgress(Console(stderr=True)),

@@ -4,9 +4,10 @@ Both drafters take the target's whole token sequence on every call and work out 
 they already know of it, so they stay in sync on every path the session takes (prefix reuse,
 edits, regenerate, dropped turns, cancellation) without the session telling them what happened:
 
-- `ModelDrafter`: a smaller model sharing the target's vocabulary, with its own static KV cache.
-  Its cache is rolled back to the longest common prefix with the target's sequence and the rest
-  is prefilled, exactly as the session does for the target.
+- `ModelDrafter`: a smaller model sharing the target's vocabulary, with its own static KV cache
+  (one `Sequence` on the draft model: the owner of which tokens its cache holds). It is rolled
+  back to the longest common prefix with the target's sequence and the rest is prefilled,
+  exactly as the session does for the target.
 - `LookupDrafter` (prompt lookup): the continuation of the most recent earlier occurrence of the
   sequence's last n-gram. Costs almost nothing, and pays when a reply quotes the prompt (code
   edits) or repeats itself.
@@ -27,6 +28,7 @@ from .events import SamplingParams
 from .model import Model
 from .prefix_store import common_prefix_len
 from .sampler import distribution, draw, is_greedy
+from .sequence import Sequence as KVSequence
 
 __all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter"]
 
@@ -134,23 +136,21 @@ class ModelDrafter(Drafter):
         model.exact_decode = False  # a draft's guesses need not match its own verify rows
         self.name = name
         self.stats = _Stats()
-        self._tokens: list[int] = []  # tokens whose K/V are in the draft cache
+        self.seq = KVSequence(model)  # the tokens whose K/V are in the draft cache
 
     def catch_up(self, context: Sequence[int]) -> int:
-        return len(context) - min(common_prefix_len(self._tokens, context), len(context) - 1)
+        return len(context) - min(common_prefix_len(self.seq.tokens, context), len(context) - 1)
 
     def _sync(self, context: Sequence[int]) -> np.ndarray:
         """Roll back to the common prefix, prefill the rest; logits after `context`."""
-        keep = min(common_prefix_len(self._tokens, context), len(context) - 1)
-        self.model.rollback(keep)
-        self._tokens = self._tokens[:keep]
+        keep = min(common_prefix_len(self.seq.tokens, context), len(context) - 1)
+        self.seq.rollback(keep)
         rest = [int(t) for t in context[keep:]]
         t0 = time.perf_counter()
-        logits = self.model.prefill(rest)
+        logits = self.seq.prefill(rest)
         dt = time.perf_counter() - t0
         if len(rest) >= 8:  # long enough to say what a token of catch-up costs
             self.stats.prefill_token_s = ema(self.stats.prefill_token_s, dt / len(rest))
-        self._tokens.extend(rest)
         return logits
 
     def propose(
@@ -181,8 +181,7 @@ class ModelDrafter(Drafter):
             tokens.append(tok)
             hist.append(tok)
             if i < k - 1:  # the last draft token is fed next round, if the target accepts it
-                logits = self.model.decode(tok)
-                self._tokens.append(tok)
+                logits = self.seq.decode(tok)
         t2 = time.perf_counter()
         if k > 1:
             self.stats.step_s = ema(self.stats.step_s, (t2 - t1) / (k - 1))
@@ -190,18 +189,17 @@ class ModelDrafter(Drafter):
 
     def calibrate(self, probe: Sequence[int]) -> None:
         """Time a few steps on a scratch cache, so the cost model knows the draft before use."""
-        self.model.rollback(0)
-        self._tokens = []
+        self.seq.rollback(0)
         t0 = time.perf_counter()
-        self.model.prefill(list(probe))
+        self.seq.prefill(list(probe))
         self.stats.prefill_token_s = (time.perf_counter() - t0) / len(probe)
         times = []  # the fastest of a few: other processes only ever add time
         for t in probe[:4]:
             t1 = time.perf_counter()
-            self.model.decode(int(t))
+            self.seq.decode(int(t))
             times.append(time.perf_counter() - t1)
         self.stats.step_s = min(times[1:])
-        self.model.rollback(0)
+        self.seq.rollback(0)
 
     def close(self) -> None:
         self.model.close()

@@ -31,3 +31,7 @@ class UnsupportedModelError(NpuchatError):
 class InvalidRequestError(NpuchatError):
     """A request the engine cannot serve as asked (a prompt longer than the context): the
     caller's to fix, reported as `Failed(kind="invalid")`."""
+
+
+class RequestCancelled(NpuchatError):
+    """A request's cancel event was set while it waited for, or ran, a model step."""

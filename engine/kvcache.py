@@ -1,11 +1,12 @@
-"""The static KV cache: preallocated per-layer K/V buffers, a fill level, and the masks it implies.
+"""The static KV cache: preallocated per-layer K/V buffers, fill levels, and the masks they imply.
 
-Graphs never see a growing tensor: they read the whole `[1, Hkv, C, dh]` buffers and an additive
-mask that hides the slots at and beyond `n`. Static (NPU) graphs return only the new rows, which
-the host writes at slot `n`; the CPU graph scatters them into the buffers itself.
-Rolling back (rejected draft tokens, an edited message) is moving `n`; nothing is recomputed.
-Capacity variants keep attention cost proportional to what is used: the cache lives in the
-smallest listed capacity that fits and moves up with one copy.
+The cache holds `rows` sequences (KV slots: rows of the batch dimension), each with its own fill
+level. Graphs never see a growing tensor: they read whole `[B, Hkv, C, dh]` row ranges and an
+additive mask that hides each row's slots at and beyond its fill level. Static (NPU) graphs
+return only the new rows, which the host writes at slot `n` (DESIGN §3); the CPU graph scatters
+them into the buffers itself. Rolling back (rejected draft tokens, an edited message) is moving
+`n`; nothing is recomputed. Capacity variants keep attention cost proportional to what is used:
+the cache lives in the smallest listed capacity that fits and moves up with one copy.
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ class KVSnapshot:
 
 
 class KVCache:
-    """Per-layer K and V buffers `[1, Hkv, C, dh]` and the number of valid slots `n`."""
+    """Per-layer K and V buffers `[rows, Hkv, C, dh]` and each row's number of valid slots.
+
+    All rows share one capacity (the smallest variant that holds the longest row), so any
+    contiguous range of rows is one `[B, Hkv, C, dh]` view a batched graph can bind as is.
+    `n` is row 0's fill level (the single-sequence API).
+    """
 
     def __init__(
         self,
@@ -50,13 +56,17 @@ class KVCache:
         head_dim: int,
         capacities: Sequence[int],
         dtype: type[np.floating] = np.float32,
+        rows: int = 1,
     ) -> None:
         if not capacities or min(capacities) < 1:
             raise NpuchatError("KV capacities must be positive integers")
+        if rows < 1:
+            raise NpuchatError("the KV cache needs at least one row")
         self.capacities = sorted(set(int(c) for c in capacities))
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.rows = int(rows)
         self.dtype = np.dtype(dtype)
-        self.n = 0
+        self.lengths = [0] * self.rows
         self.capacity = 0
         self.data: np.ndarray = np.zeros(0, self.dtype)
         self.k: list[np.ndarray] = []
@@ -65,18 +75,30 @@ class KVCache:
         self._allocate(self.capacities[0])
 
     @property
+    def n(self) -> int:
+        return self.lengths[0]
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self.lengths[0] = value
+
+    @property
     def max_capacity(self) -> int:
         return self.capacities[-1]
 
     def bytes_for(self, capacity: int) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * capacity * self.head_dim * self.dtype.itemsize
+        """Bytes of all rows at `capacity`."""
+        per_row = 2 * self.n_layers * self.n_kv_heads * capacity * self.head_dim
+        return per_row * self.rows * self.dtype.itemsize
 
     def _allocate(self, capacity: int) -> None:
-        """One array `[2, layers, 1, Hkv, C, dh]`; `k[i]`/`v[i]` are contiguous views into it,
-        so the graph binds per-layer buffers and the write-back is a single slice copy."""
-        data = np.zeros((2, self.n_layers, 1, self.n_kv_heads, capacity, self.head_dim), self.dtype)
-        if self.capacity:
-            data[..., : self.n, :] = self.data[..., : self.n, :]
+        """One array `[2, layers, rows, Hkv, C, dh]`; `k[i]`/`v[i]` are contiguous views into it,
+        so the graph binds per-layer buffers (any range of rows) and a write-back is one copy."""
+        shape = (2, self.n_layers, self.rows, self.n_kv_heads, capacity, self.head_dim)
+        data = np.zeros(shape, self.dtype)
+        used = max(self.lengths)
+        if self.capacity and used:
+            data[..., :used, :] = self.data[..., :used, :]
         self.k, self.v = [], []  # drop the old buffers before the new views exist
         self.data = data
         self.k = [data[0, i] for i in range(self.n_layers)]
@@ -85,7 +107,7 @@ class KVCache:
         self.generation += 1
 
     def ensure(self, needed: int) -> None:
-        """Move to the smallest capacity that holds `needed` slots (one copy of the `n` rows).
+        """Move to the smallest capacity that holds `needed` slots and every row (one copy).
 
         It moves down as well as up: after a rollback (a new conversation, an edit) attention
         should not keep paying for a large buffer that only a past request needed.
@@ -95,46 +117,66 @@ class KVCache:
                 f"the context is full ({needed} tokens needed, {self.max_capacity} fit); "
                 "start a new conversation or load the model with a larger capacity"
             )
-        best = next(c for c in self.capacities if c >= max(needed, self.n))
+        best = next(c for c in self.capacities if c >= max(needed, *self.lengths))
         if best != self.capacity:
             self._allocate(best)
 
-    def rollback(self, n: int) -> None:
-        if not 0 <= n <= self.n:
-            raise NpuchatError(f"cannot roll back to {n}: the cache holds {self.n} slots")
-        self.n = n
+    def rollback(self, n: int, row: int = 0) -> None:
+        if not 0 <= n <= self.lengths[row]:
+            raise NpuchatError(
+                f"cannot roll back to {n}: the cache holds {self.lengths[row]} slots"
+            )
+        self.lengths[row] = n
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the contents of rows `a` and `b` (so a batch's rows can be contiguous)."""
+        if a == b:
+            return
+        used = max(self.lengths[a], self.lengths[b])
+        if used:
+            tmp = self.data[:, :, a, :, :used].copy()
+            self.data[:, :, a, :, :used] = self.data[:, :, b, :, :used]
+            self.data[:, :, b, :, :used] = tmp
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
 
     def write(
-        self, new_k: Sequence[np.ndarray], new_v: Sequence[np.ndarray], rows: slice, at: int
+        self,
+        new_k: Sequence[np.ndarray],
+        new_v: Sequence[np.ndarray],
+        rows: slice,
+        at: int,
+        row: int = 0,
+        batch_index: int = 0,
     ) -> None:
-        """Copy rows `rows` of per-layer new K/V arrays `[1, Hkv, S, dh]` into slots at `at`."""
+        """Copy rows `rows` of batch entry `batch_index` of per-layer new K/V `[B, Hkv, S, dh]`
+        into cache row `row` at slots from `at`."""
         count = len(range(*rows.indices(new_k[0].shape[2])))
         self._check_room(at, count)
         for dst, src in zip(self.k, new_k, strict=True):
-            dst[:, :, at : at + count] = src[:, :, rows]
+            dst[row, :, at : at + count] = src[batch_index, :, rows]
         for dst, src in zip(self.v, new_v, strict=True):
-            dst[:, :, at : at + count] = src[:, :, rows]
+            dst[row, :, at : at + count] = src[batch_index, :, rows]
 
     def _check_room(self, at: int, count: int) -> None:
         if at + count > self.capacity:
             raise NpuchatError(f"KV write past the capacity ({at}+{count} > {self.capacity})")
 
     def mask(self, seq_len: int, pad: int = 0) -> np.ndarray:
-        """Additive mask `[1, 1, S, C+S]` for S new rows, the first `pad` of them padding."""
+        """Additive mask `[1, 1, S, C+S]` for S new rows of row 0, the first `pad` padding."""
         out = np.empty((1, 1, seq_len, self.capacity + seq_len), np.float32)
         self.fill_mask(out, pad)
         return out
 
-    def fill_mask(self, out: np.ndarray, pad: int = 0) -> None:
-        """Write the mask for `out.shape[2]` new rows into `out` (a bound graph input buffer).
+    def fill_mask(self, out: np.ndarray, pad: int = 0, row: int = 0, batch_index: int = 0) -> None:
+        """Write cache row `row`'s mask for `out.shape[2]` new rows into `out[batch_index]`.
 
         Real row i attends the valid slots `[0, n)` and the real new rows up to itself; a padding
         row attends only itself (so its softmax stays finite) and is never written back.
         """
         c, s = self.capacity, out.shape[2]
-        m = out[0, 0]
+        m = out[batch_index, 0]
         m.fill(MASK_NEG)
-        m[pad:, : self.n] = 0.0
+        m[pad:, : self.lengths[row]] = 0.0
         if s == 1:
             m[0, c] = 0.0
             return
@@ -143,27 +185,33 @@ class KVCache:
         m[:, c:][new] = 0.0
 
     def fill_causal_mask(self, out: np.ndarray, positions: np.ndarray) -> None:
-        """The mask `[1, 1, S, C]` of rows already scattered into the cache at `positions`:
-        row i attends slots `[0, positions[i]]` (itself included), nothing beyond."""
+        """The mask `[B, 1, S, C]` of rows already scattered into the cache at `positions`
+        (`[S]` for one sequence, `[B, S]` for a batch): row i attends slots
+        `[0, positions[i]]` (itself included), nothing beyond."""
+        pos = positions.reshape(out.shape[0], out.shape[2])
         cols = np.arange(out.shape[3])
-        np.multiply(cols[None, :] > positions[:, None], MASK_NEG, out=out[0, 0])
+        np.multiply(cols[None, None, :] > pos[:, :, None], MASK_NEG, out=out[:, 0])
 
-    def export(self, start: int, end: int) -> KVSnapshot:
-        if not 0 <= start <= end <= self.n:
-            raise NpuchatError(f"cannot export KV rows {start}..{end}: the cache holds {self.n}")
+    def export(self, start: int, end: int, row: int = 0) -> KVSnapshot:
+        if not 0 <= start <= end <= self.lengths[row]:
+            raise NpuchatError(
+                f"cannot export KV rows {start}..{end}: the cache holds {self.lengths[row]}"
+            )
         return KVSnapshot(
             start,
-            [a[:, :, start:end].copy() for a in self.k],
-            [a[:, :, start:end].copy() for a in self.v],
+            [a[row : row + 1, :, start:end].copy() for a in self.k],
+            [a[row : row + 1, :, start:end].copy() for a in self.v],
         )
 
-    def import_(self, snap: KVSnapshot, at: int) -> None:
+    def import_(self, snap: KVSnapshot, at: int, row: int = 0) -> None:
         if len(snap.k) != self.n_layers or (
             snap.k and snap.k[0].shape[1::2] != (self.n_kv_heads, self.head_dim)
         ):
             raise NpuchatError("the KV snapshot belongs to a different model; prefill instead")
-        if not 0 <= at <= self.n:
-            raise NpuchatError(f"cannot import KV at slot {at}: the cache holds {self.n}")
+        if not 0 <= at <= self.lengths[row]:
+            raise NpuchatError(
+                f"cannot import KV at slot {at}: the cache holds {self.lengths[row]}"
+            )
         self.ensure(at + snap.length)
-        self.write(snap.k, snap.v, slice(None), at)
-        self.n = at + snap.length
+        self.write(snap.k, snap.v, slice(None), at, row)
+        self.lengths[row] = at + snap.length

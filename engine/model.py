@@ -3,7 +3,9 @@
 This is the interface the conversation session builds on: `prefill` appends tokens at `n_past`
 and returns the last position's logits, `decode` one token, `verify` up to k+1 tokens with
 logits for every row (speculative decoding), `rollback` moves the fill level back, and
-`kv_export`/`kv_import` move rows in and out for the prefix store.
+`kv_export`/`kv_import` move rows in and out for the prefix store. The cache holds `batch_max`
+sequences (KV slots, rows of the batch dimension); each of these takes the `row` it works on,
+and `decode_batch` runs one decode step for the sequences in a contiguous range of rows at once.
 
 On the CPU one graph with symbolic S and C serves prefill chunks, decode and verify at every
 capacity (see `graph_builder`): one session, so the weights are prepacked once. The cache
@@ -20,7 +22,7 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
 * `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
   round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a decode step passes
   `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its row plus a
-  copy of it (`graph_builder._RowPad`); every other op runs on the one row (`exact_decode`).
+  copy of it (`graph_ops.RowPad`); every other op runs on the one row (`exact_decode`).
   Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
   gave qwen2.5-coder-0.5b (mostly 8-bit) 6–13% more decode speed, and SmolLM2 and the 1.5B
   (mostly 4-bit) the same speed within noise (A/B runs, alternating). A draft model's own
@@ -36,12 +38,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from .cpu_steps import CpuSteps
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
 from .kvcache import KVCache, KVSnapshot
-from .layer_inputs import apply_window, rope_tables
+from .layer_inputs import rope_tables
 from .npu_compile import default_npu_capacity
 from .npu_graphs import NpuGraphs
 from .process_memory import releasing_file_pages
@@ -76,7 +79,7 @@ class Model:
     def __init__(self) -> None:  # use Model.load
         self._session: ort.InferenceSession | None = None
         self._npu: NpuGraphs | None = None  # device "npu": compiled static graphs instead
-        self._io: ort.IOBinding | None = None
+        self._cpu: CpuSteps | None = None
         self._gguf: GGUFFile | None = None
         self.released_bytes = 0  # weight-file pages given back after the CPU session loaded
 
@@ -94,16 +97,18 @@ class Model:
         progress: Progress | None = None,
         accuracy_level: int = 4,
         npu_options: QnnOptions | None = None,
+        batch_max: int = 1,
     ) -> Model:
         """Open `gguf_path`, build (or reuse from `cache_dir`) its graphs and start a session.
 
         `accuracy_level` is MatMulNBits' activation precision: 4 = int8 activations (the fast
         path, like llama.cpp's Q8 activations), 0 = float32 (exact, ~30× slower; tests).
+        `batch_max` is the number of KV slots (sequences the cache holds side by side).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
-        if prefill_chunk < 1 or verify_k < 0:
-            raise NpuchatError("prefill_chunk must be ≥ 1 and verify_k ≥ 0")
+        if prefill_chunk < 1 or verify_k < 0 or batch_max < 1:
+            raise NpuchatError("prefill_chunk and batch_max must be ≥ 1 and verify_k ≥ 0")
         self = cls()
         self.path = Path(gguf_path).expanduser().resolve()
         self._gguf = GGUFFile(self.path)
@@ -118,6 +123,7 @@ class Model:
                 report,
                 accuracy_level,
                 npu_options,
+                batch_max,
             )
         except BaseException:
             self.close()
@@ -135,9 +141,11 @@ class Model:
         report: Progress,
         accuracy_level: int,
         npu_options: QnnOptions | None = None,
+        batch_max: int = 1,
     ) -> None:
         assert self._gguf is not None
         self.config = cfg = self._gguf.config
+        self.batch_max = int(batch_max)
         self.device = device
         self.prefill_chunk = int(prefill_chunk)
         self.verify_k = int(verify_k)
@@ -168,6 +176,7 @@ class Model:
                 accuracy_level=accuracy_level,
                 opts=npu_options,
                 progress=report,
+                batch_max=self.batch_max,
             )
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
@@ -192,12 +201,10 @@ class Model:
             )
             self._session = session
             self.load_seconds = time.perf_counter() - t0
-            self._io = session.io_binding()
-        self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps)
+        self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps, rows=self.batch_max)
+        if self._session is not None:
+            self._cpu = CpuSteps(self._session, cfg, self._kv)
         self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
-        self._bound_cache = -1  # KVCache.generation whose buffers are bound
-        self._bound_step: tuple[int, int, int, int] | None = None  # (S, R, P, cache generation)
-        self._steps: dict[tuple[int, int, int], _StepBuffers] = {}
         emb = self._gguf.tensors["token_embd.weight"]
         self._emb_raw = self._gguf.raw("token_embd.weight")
         self._emb_type = emb.ggml_type
@@ -225,24 +232,32 @@ class Model:
     def kv_bytes(self) -> int:
         return self._kv.bytes_for(self._kv.capacity)
 
+    def length(self, row: int = 0) -> int:
+        """Valid K/V slots of cache row `row`."""
+        return self._kv.lengths[row]
+
     @property
     def graph_builds(self) -> int:
         """Graph folders built by this load (0 when the compile cache served it)."""
         return self._graph_cache.builds
 
-    def rollback(self, n: int) -> None:
-        self._kv.rollback(n)
+    def rollback(self, n: int, row: int = 0) -> None:
+        self._kv.rollback(n, row)
 
-    def kv_export(self, start: int, end: int) -> KVSnapshot:
-        return self._kv.export(start, end)
+    def kv_export(self, start: int, end: int, row: int = 0) -> KVSnapshot:
+        return self._kv.export(start, end, row)
 
-    def kv_import(self, snap: KVSnapshot, at: int) -> None:
-        self._kv.import_(snap, at)
+    def kv_import(self, snap: KVSnapshot, at: int, row: int = 0) -> None:
+        self._kv.import_(snap, at, row)
+
+    def swap_rows(self, a: int, b: int) -> None:
+        """Exchange two KV slots' contents (the scheduler keeps a batch's rows contiguous)."""
+        self._kv.swap(a, b)
 
     def close(self) -> None:
         self._session = None
         self._npu = None
-        self._io = None
+        self._cpu = None
         gguf = getattr(self, "_gguf", None)
         if gguf is not None:
             self._emb_raw = np.empty(0, np.uint8)  # the view must go before the file closes
@@ -257,29 +272,60 @@ class Model:
 
     # ------------------------------------------------------------------ generation
 
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
-        """Append `ids` at `n_past` in chunks of `prefill_chunk`; logits of the last one."""
+    def prefill(self, ids: Sequence[int], row: int = 0) -> np.ndarray:
+        """Append `ids` at the row's fill level in chunks of `prefill_chunk`; last logits."""
         ids = self._check_ids(ids)
         if not ids:
             raise NpuchatError("prefill needs at least one token")
-        self._kv.ensure(self._kv.n + len(ids))
+        self._kv.ensure(self._kv.lengths[row] + len(ids))
         logits = None
         for start in range(0, len(ids), self.prefill_chunk):
             chunk = ids[start : start + self.prefill_chunk]
-            logits = self._step(chunk, all_rows=False)
+            logits = self._step(chunk, all_rows=False, row=row)
         assert logits is not None
         return logits[0]
 
-    def decode(self, token: int) -> np.ndarray:
+    def decode(self, token: int, row: int = 0) -> np.ndarray:
         """Append one token; its logits `[vocab]`."""
-        return self._step(self._check_ids([token]), all_rows=False)[0]
+        return self._step(self._check_ids([token]), all_rows=False, row=row)[0]
 
-    def verify(self, ids: Sequence[int]) -> np.ndarray:
+    def verify(self, ids: Sequence[int], row: int = 0) -> np.ndarray:
         """Append up to k+1 tokens; logits for every one `[len(ids), vocab]` (roll back after)."""
         ids = self._check_ids(ids)
         if not 1 <= len(ids) <= self.verify_k + 1:
             raise NpuchatError(f"verify takes 1..{self.verify_k + 1} tokens, got {len(ids)}")
-        return self._step(ids, all_rows=True)
+        return self._step(ids, all_rows=True, row=row)
+
+    def decode_batch(self, tokens: Sequence[int], first_row: int = 0) -> np.ndarray:
+        """One decode step for the sequences in rows `first_row ..`, one token each, in one run.
+
+        Returns their logits `[B, vocab]`. Each row gives the same logits as `decode` on that
+        row alone: the matmuls run every row through the same multi-row kernels (a lone row is
+        padded, `exact_decode`) and attention is per row.
+        """
+        ids = self._check_ids(tokens)
+        b = len(ids)
+        if not b >= 1 or first_row + b > self.batch_max:
+            raise NpuchatError(f"rows {first_row}..{first_row + b - 1} exceed {self.batch_max}")
+        kv = self._kv
+        rows = range(first_row, first_row + b)
+        pos = np.array([kv.lengths[r] for r in rows], dtype=np.int64)
+        kv.ensure(int(pos.max()) + 1)
+        emb = np.stack([self.embed([t]) for t in ids])
+        if self._npu is not None:
+            local = (self._cos_swa[pos], self._sin_swa[pos])
+            logits = self._npu.step_batch(
+                emb[:, 0], self._cos[pos], self._sin[pos], kv, first_row, local
+            )
+        else:
+            assert self._cpu is not None
+            pad = 1 if self.exact_decode and b == 1 else 0
+            cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]
+            local = (self._cos_swa[pos][:, None], self._sin_swa[pos][:, None])
+            logits = self._cpu.run(emb, cos, sin, pos[:, None], first_row, 1, pad, local)
+        for r in rows:
+            kv.lengths[r] += 1
+        return logits
 
     def embed(self, ids: Sequence[int]) -> np.ndarray:
         """Token embeddings `[len(ids), d_model]`, decoded from the GGUF on the host.
@@ -313,106 +359,30 @@ class Model:
             )
         return out
 
-    def _bind(self, s: int, r: int, p: int) -> _StepBuffers:
-        """Bind the cache and this step shape's buffers; a no-op when nothing changed.
-
-        Every input and output is an OrtValue over a numpy buffer that stays bound between
-        runs, so a decode step only fills a few small arrays: no binding, no allocation.
-        """
-        kv, io = self._kv, self._io
-        assert io is not None
-        if self._bound_cache != kv.generation:
-            self._cache_values = []
-            for i in range(self.config.n_layers):
-                for kind, bufs in (("k", kv.k), ("v", kv.v)):
-                    value = ort.OrtValue.ortvalue_from_numpy(bufs[i])
-                    io.bind_ortvalue_input(f"past_{kind}_{i}", value)
-                    io.bind_ortvalue_output(f"present_{kind}_{i}", value)  # in place
-                    self._cache_values.append(value)
-            self._bound_cache = kv.generation
-        buf = self._steps.pop((s, r, p), None)
-        if buf is None or buf.capacity != kv.capacity:
-            buf = _StepBuffers(self.config, s, r, p, kv.capacity)
-        self._steps[(s, r, p)] = buf  # most recent last; keep a few shapes (decode, verify, chunk)
-        while len(self._steps) > 4:
-            del self._steps[next(iter(self._steps))]
-        if self._bound_step != (s, r, p, kv.generation):
-            for name, value in buf.inputs.items():
-                io.bind_ortvalue_input(name, value)
-            for name, value in buf.outputs.items():
-                io.bind_ortvalue_output(name, value)
-            self._bound_step = (s, r, p, kv.generation)
-        return buf
-
-    def _step(self, ids: list[int], all_rows: bool) -> np.ndarray:
-        """Run the graph on `ids` at slot n; write their K/V rows back; return logits rows."""
+    def _step(self, ids: list[int], all_rows: bool, row: int = 0) -> np.ndarray:
+        """Run the graph on `ids` at the row's slot n; write their K/V back; return logits."""
         s = len(ids)
         kv = self._kv
-        n = kv.n
+        n = kv.lengths[row]
         kv.ensure(n + s)
         if self._npu is not None:
             emb, rows = self.embed(ids), slice(n, n + s)
             local = (self._cos_swa[rows], self._sin_swa[rows])
-            logits = self._npu.step(emb, self._cos[rows], self._sin[rows], kv, all_rows, local)
-            kv.n = n + s
+            logits = self._npu.step(emb, self._cos[rows], self._sin[rows], kv, all_rows, local, row)
+            kv.lengths[row] = n + s
             return logits
+        assert self._cpu is not None
         pad = 1 if self.exact_decode and s == 1 else 0
-        buf = self._bind(s, s if all_rows else 1, pad)
         pos = np.arange(n, n + s)
-        buf.embeddings[0] = self.embed(ids)
-        buf.cos[0] = self._cos[pos]
-        buf.sin[0] = self._sin[pos]
-        buf.slots[..., 2] = pos
-        kv.fill_causal_mask(buf.mask, pos)
-        cfg = self.config
-        if cfg.swa_layers:  # sliding layers: every layer (mask) or some (mask_swa)
-            out = buf.mask_swa if cfg.mixed_windows else buf.mask
-            apply_window(out, pos, np.arange(kv.capacity), cfg.sliding_window, buf.mask)
-        if cfg.local_rope:
-            buf.cos_swa[0] = self._cos_swa[pos]
-            buf.sin_swa[0] = self._sin_swa[pos]
-        assert self._session is not None
-        self._session.run_with_iobinding(self._io)  # writes the new K/V rows into the cache
-        kv.n = n + s
-        return buf.logits.copy()
-
-
-class _StepBuffers:
-    """Preallocated inputs and outputs of one step shape (S new rows, R logit rows, capacity C).
-
-    The CPU graph scatters the new K/V rows into the cache itself (`kv_slots`, in place), so the
-    only output here is the logits; the mask covers the C cache columns.
-    """
-
-    def __init__(self, cfg: ModelConfig, s: int, r: int, p: int, capacity: int) -> None:
-        f32 = np.float32
-        self.capacity = capacity
-        self.embeddings = np.zeros((1, s, cfg.d_model), f32)
-        self.mask = np.zeros((1, 1, s, capacity), f32)
-        self.cos = np.zeros((1, s, cfg.head_dim // 2), f32)
-        self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
-        self.rows = np.arange(s - r, s, dtype=np.int64)
-        self.logits = np.zeros((r, cfg.vocab_size), f32)
-        self.slots = np.zeros((1, cfg.n_kv_heads, s, 3), np.int64)  # (0, head, slot)
-        self.slots[..., 1] = np.arange(cfg.n_kv_heads)[:, None]
-        value = ort.OrtValue.ortvalue_from_numpy
-        self.inputs = {
-            "embeddings": value(self.embeddings),
-            "mask": value(self.mask),
-            "cos": value(self.cos),
-            "sin": value(self.sin),
-            "logit_rows": value(self.rows),
-            "kv_slots": value(self.slots),
-            "pad_rows": value(np.zeros(p, np.int64)),  # row 0 again, or nothing (`_RowPad`)
-        }
-        # Sliding layers' own mask and rotary tables, for models whose layers differ.
-        # (aliases of the shared ones, never bound, for models without them)
-        self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
-        self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
-        self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
-        if cfg.mixed_windows:
-            self.inputs["mask_swa"] = value(self.mask_swa)
-        if cfg.local_rope:
-            self.inputs["cos_swa"] = value(self.cos_swa)
-            self.inputs["sin_swa"] = value(self.sin_swa)
-        self.outputs = {"logits": value(self.logits)}
+        logits = self._cpu.run(
+            self.embed(ids)[None],
+            self._cos[pos][None],
+            self._sin[pos][None],
+            pos[None],
+            row,
+            s if all_rows else 1,
+            pad,
+            (self._cos_swa[pos][None], self._sin_swa[pos][None]),
+        )
+        kv.lengths[row] = n + s
+        return logits

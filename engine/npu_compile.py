@@ -48,15 +48,31 @@ DEFAULT_NPU_CAPACITY = 2048
 Progress = Callable[[str, float], None]
 
 
+def npu_batches(batch_max: int) -> list[int]:
+    """Batched decode variants up to `batch_max`: 2, 4, … and `batch_max` itself (each costs a
+    compiled context binary holding its own copy of the weights)."""
+    sizes = {b for b in (2, 4, 8) if b < batch_max} | ({batch_max} if batch_max > 1 else set())
+    return sorted(sizes)
+
+
 def npu_specs(
-    prefill_chunk: int, verify_k: int, capacity: int, accuracy_level: int = 4, single: bool = False
+    prefill_chunk: int,
+    verify_k: int,
+    capacity: int,
+    accuracy_level: int = 4,
+    single: bool = False,
+    batch_max: int = 1,
 ) -> dict[str, GraphSpec]:
     """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out.
-    `single`: one `step` graph (max(P, k+1) rows, all logits) for all, one copy of the weights."""
+    `decode_b{B}` are the batched decode variants (`npu_batches`). `single`: one `step` graph
+    (max(P, k+1) rows, all logits) for every one-sequence step, one copy of the weights, and
+    no batched variants."""
     if single:
         rows = max(prefill_chunk, verify_k + 1)
         return {"step": GraphSpec.static(rows, capacity, rows, accuracy_level)}
     specs = {"decode": GraphSpec.static(1, capacity, 1, accuracy_level)}
+    for b in npu_batches(batch_max):
+        specs[f"decode_b{b}"] = GraphSpec.static(1, capacity, b, accuracy_level, batch=b)
     if prefill_chunk > 1:
         specs["prefill"] = GraphSpec.static(prefill_chunk, capacity, 1, accuracy_level)
     if verify_k > 0:

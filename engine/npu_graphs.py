@@ -13,6 +13,10 @@ the softmax of the real rows).
 
 Every input and output is an OrtValue over a preallocated numpy buffer bound once (IOBinding);
 the cache buffers are bound by reference, so a step copies only the new rows.
+
+Batched decode (`step_batch`) runs `decode_b{B}` over cache rows `first_row..+B` (static batch
+variants, the smallest that holds the running sequences); a batch entry past the running ones
+is padding: it attends only itself, its logits are ignored and its K/V is never written back.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import ModelConfig
-from .graph_builder import GraphSpec
+from .graph_builder import MASK_NEG, GraphSpec
 from .kvcache import KVCache
 from .layer_inputs import apply_window
 from .npu_compile import CompiledGraphs, compile_npu_graphs, load_compiled_session, npu_specs
@@ -43,22 +47,25 @@ class _Bound:
 
     def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, spec: GraphSpec) -> None:
         assert spec.seq_len is not None and spec.capacity is not None and spec.logit_rows
-        s, c, r = spec.seq_len, spec.capacity, spec.logit_rows
+        assert spec.batch is not None
+        b, s, c, r = spec.batch, spec.seq_len, spec.capacity, spec.logit_rows
         f32 = np.float32
         self.session = session
-        self.seq_len, self.rows = s, r
-        self.embeddings = np.zeros((1, s, cfg.d_model), f32)
-        self.mask = np.zeros((1, 1, s, c + s), f32)
-        self.cos = np.zeros((1, s, cfg.head_dim // 2), f32)
-        self.sin = np.zeros((1, s, cfg.head_dim // 2), f32)
-        self.logit_rows = np.arange(s - r, s, dtype=np.int64)
+        self.batch, self.seq_len, self.rows = b, s, r
+        self.embeddings = np.zeros((b, s, cfg.d_model), f32)
+        self.mask = np.zeros((b, 1, s, c + s), f32)
+        self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
+        self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
+        per = r // b
+        rows = np.arange(b)[:, None] * s + np.arange(s - per, s)[None, :]
+        self.logit_rows = rows.reshape(-1).astype(np.int64)
         self.cfg = cfg
         # sliding layers' own inputs (aliases of the shared ones for models without them)
         self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
         self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
         self.logits = np.zeros((r, cfg.vocab_size), f32)
-        kv_shape = (1, cfg.n_kv_heads, s, cfg.head_dim)
+        kv_shape = (b, cfg.n_kv_heads, s, cfg.head_dim)
         self.new_k = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
         self.new_v = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
         self.io = session.io_binding()
@@ -80,7 +87,7 @@ class _Bound:
         for i in range(cfg.n_layers):
             self._bind(f"new_k_{i}", self.new_k[i], output=True)
             self._bind(f"new_v_{i}", self.new_v[i], output=True)
-        self.cache_generation = -1
+        self.cache_key: tuple[int, int] | None = None  # (generation, first row)
 
     def _bind(self, name: str, arr: np.ndarray, output: bool) -> None:
         value = ort.OrtValue.ortvalue_from_numpy(arr)
@@ -90,13 +97,15 @@ class _Bound:
             self.io.bind_ortvalue_input(name, value)
         self._values.append(value)
 
-    def bind_cache(self, kv: KVCache) -> None:
-        if self.cache_generation == kv.generation:
+    def bind_cache(self, kv: KVCache, first_row: int) -> None:
+        """Bind cache rows `first_row..+batch` (a contiguous view, no copy)."""
+        if self.cache_key == (kv.generation, first_row):
             return
+        rows = slice(first_row, first_row + self.batch)
         for i in range(kv.n_layers):
-            self._bind(f"past_k_{i}", kv.k[i], output=False)
-            self._bind(f"past_v_{i}", kv.v[i], output=False)
-        self.cache_generation = kv.generation
+            self._bind(f"past_k_{i}", kv.k[i][rows], output=False)
+            self._bind(f"past_v_{i}", kv.v[i][rows], output=False)
+        self.cache_key = (kv.generation, first_row)
 
 
 class NpuGraphs:
@@ -127,10 +136,13 @@ class NpuGraphs:
         opts: QnnOptions | None = None,
         progress: ProgressFn | None = None,
         single_graph: bool = False,
+        batch_max: int = 1,
     ) -> NpuGraphs:
         """Compile (first use) or load (later) the graphs, then open one session per graph."""
         opts = opts or QnnOptions()
-        specs = npu_specs(prefill_chunk, verify_k, capacity, accuracy_level, single_graph)
+        specs = npu_specs(
+            prefill_chunk, verify_k, capacity, accuracy_level, single_graph, batch_max
+        )
         compiled = compile_npu_graphs(gguf_path, model_sha, specs, cache, opts, progress)
         if progress:
             progress("loading NPU graphs", 0.0)
@@ -160,14 +172,16 @@ class NpuGraphs:
         kv: KVCache,
         all_rows: bool,
         local: tuple[np.ndarray, np.ndarray] | None = None,
+        row: int = 0,
     ) -> np.ndarray:
-        """Run `s` new rows at slot `kv.n`; write their K/V into the cache; return logits.
+        """Run `s` new rows at cache row `row`'s fill level n; write their K/V into the cache;
+        return logits.
 
         `embeddings` is `[s, D]`, `cos`/`sin` `[s, dh/2]` for positions n..n+s-1. Returns the
         last row's logits `[1, vocab]`, or every row's `[s, vocab]` when `all_rows`. The caller
-        advances `kv.n`. `local` is the sliding layers' (cos, sin) for models with their own.
+        advances the fill level. `local`: the sliding layers' (cos, sin), for models with them.
         """
-        s, n = embeddings.shape[0], kv.n
+        s, n = embeddings.shape[0], kv.lengths[row]
         if kv.capacity != self.capacity:
             raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
         g = self._pick(s, all_rows)
@@ -179,7 +193,7 @@ class NpuGraphs:
             g.embeddings[0, :pad] = embeddings[0]
             g.cos[0, :pad] = cos[0]
             g.sin[0, :pad] = sin[0]
-        kv.fill_mask(g.mask, pad)
+        kv.fill_mask(g.mask, pad, row)
         cfg = g.cfg
         if cfg.swa_layers:  # columns: the C slots, then the S new rows (pad rows stay hidden)
             rows = np.arange(n - pad, n + s)
@@ -189,7 +203,55 @@ class NpuGraphs:
         if cfg.local_rope and local is not None:
             g.cos_swa[0, pad:], g.sin_swa[0, pad:] = local
             g.cos_swa[0, :pad], g.sin_swa[0, :pad] = local[0][0], local[1][0]
-        g.bind_cache(kv)
+        g.bind_cache(kv, row)
         g.session.run_with_iobinding(g.io)
-        kv.write(g.new_k, g.new_v, slice(pad, None), n)
+        kv.write(g.new_k, g.new_v, slice(pad, None), n, row)
         return g.logits[pad:].copy() if all_rows else g.logits[-1:].copy()
+
+    def step_batch(
+        self,
+        embeddings: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        kv: KVCache,
+        first_row: int,
+        local: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """One decode step for rows `first_row..+b` (`embeddings` `[b, D]`, `cos`/`sin`
+        `[b, dh/2]`, `local` the sliding layers' tables alike); writes each row's new K/V at its
+        fill level; logits `[b, vocab]`. The caller advances the fill levels."""
+        b = embeddings.shape[0]
+        if kv.capacity != self.capacity:
+            raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
+        sizes = sorted(g.batch for name, g in self._graphs.items() if name.startswith("decode"))
+        size = next((x for x in sizes if x >= b), None)
+        if size is None or first_row + size > kv.rows:
+            raise NpuchatError(f"no NPU decode graph takes {b} sequences at row {first_row}")
+        g = self._graphs["decode" if size == 1 else f"decode_b{size}"]
+        src = np.minimum(np.arange(size), b - 1)  # padding entries repeat the last real one
+        g.embeddings[:, 0] = embeddings[src]
+        g.cos[:, 0] = cos[src]
+        g.sin[:, 0] = sin[src]
+        cfg = g.cfg
+        if cfg.local_rope and local is not None:
+            g.cos_swa[:, 0], g.sin_swa[:, 0] = local[0][src], local[1][src]
+        cols = np.arange(kv.capacity + 1)  # the C slots, then the new row at its position
+        for j in range(size):
+            if j < b:
+                kv.fill_mask(g.mask, 0, first_row + j, j)
+            else:  # padding entry: attends only its own new column
+                g.mask[j].fill(MASK_NEG)
+                g.mask[j, 0, 0, self.capacity] = 0.0
+            if cfg.swa_layers:
+                pos = kv.lengths[first_row + j] if j < b else 0
+                cols[-1] = pos
+                out = g.mask_swa if cfg.mixed_windows else g.mask
+                apply_window(
+                    out[j : j + 1], np.array([pos]), cols, cfg.sliding_window, g.mask[j : j + 1]
+                )
+        g.bind_cache(kv, first_row)
+        g.session.run_with_iobinding(g.io)
+        for j in range(b):
+            row = first_row + j
+            kv.write(g.new_k, g.new_v, slice(None), kv.lengths[row], row, j)
+        return g.logits[:b].copy()

@@ -9,42 +9,41 @@ roll back to the point where the token sequences diverge.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .chat_template import ChatTemplate, template_messages, template_tools
 from .drafters import Drafter
-from .errors import InvalidRequestError, NpuchatError
+from .errors import InvalidRequestError, NpuchatError, RequestCancelled
 from .events import (
     Cancelled,
     ChatMessage,
     ChatRequest,
     Event,
     Failed,
-    Finished,
     Metrics,
     MetricsUpdate,
     Notice,
     SamplingParams,
-    StopReason,
-    TokenDelta,
     ToolSpec,
 )
 from .model import Model
 from .prefix_store import PrefixStore, common_prefix_len
-from .sampler import Sampler
+from .reply import stream_reply
 from .sampling_domain import sampling_problems
+from .sequence import Sequence
 from .speculative import SpeculativeDecoder
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-METRICS_INTERVAL_S = 0.1  # live metrics at most ~10 Hz
 _PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
 
 
@@ -67,36 +66,6 @@ class SessionOptions:
     # few ms of CPU. 0 (the default, for library use and tests) turns it off; the app sets it.
     # It only runs on the CPU (a simulated NPU step costs seconds).
     keep_warm_s: float = 0.0
-
-
-class _StopMatcher:
-    """Holds back text that might be the start of a stop string, so none is ever shown."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.buffer = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string was hit)."""
-        self.buffer += text
-        for stop in self.stops:
-            at = self.buffer.find(stop)
-            if at >= 0:
-                out, self.buffer = self.buffer[:at], ""
-                return out, True
-        hold = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(self.buffer)), 0, -1):
-                if self.buffer.endswith(stop[:n]):
-                    hold = max(hold, n)
-                    break
-        out = self.buffer[: len(self.buffer) - hold]
-        self.buffer = self.buffer[len(out) :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buffer = self.buffer, ""
-        return out
 
 
 class ChatSession:
@@ -129,7 +98,7 @@ class ChatSession:
             budget_bytes=budget,
             disk_dir=prefix_dir if opts.persist_prefixes else None,
         )
-        self._tokens: list[int] = []  # tokens whose K/V are in slots [0, n_past)
+        self.seq = Sequence(model, 0)  # the tokens whose K/V are in the cache
         self.speculative: SpeculativeDecoder | None = None  # see use_drafters
         self._system_cache: dict[str, list[int]] = {}
         self._lock = threading.Lock()  # held while the model runs (a reply or a warm tick)
@@ -192,7 +161,7 @@ class ChatSession:
     def draft_name(self) -> str:
         return self.speculative.name if self.speculative is not None else ""
 
-    def use_drafters(self, drafters: Sequence[Drafter], **kw: object) -> None:
+    def use_drafters(self, drafters: Seq[Drafter], **kw: object) -> None:
         """Decode speculatively with these drafters (tried in order each round); none: plain.
 
         The decoder's cost model is calibrated here (a decode and a few verify widths timed),
@@ -202,10 +171,10 @@ class ChatSession:
             self.speculative.close()
         self.speculative = self.make_decoder(drafters, **kw) if drafters else None
 
-    def make_decoder(self, drafters: Sequence[Drafter], **kw: object) -> SpeculativeDecoder:
+    def make_decoder(self, drafters: Seq[Drafter], **kw: object) -> SpeculativeDecoder:
         """A speculative decoder over this session's model, its cost model calibrated."""
         decoder = SpeculativeDecoder(self.model, drafters, **kw)  # type: ignore[arg-type]
-        decoder.calibrate()
+        decoder.calibrate(self.seq)
         return decoder
 
     @contextmanager
@@ -226,7 +195,7 @@ class ChatSession:
 
     @property
     def cached_tokens(self) -> list[int]:
-        return list(self._tokens)
+        return list(self.seq.tokens)
 
     def _keep_warm(self, interval: float) -> None:
         """Touch every weight once per idle interval (see SessionOptions.keep_warm_s)."""
@@ -234,11 +203,11 @@ class ChatSession:
             if self._clock() - self._last_used < interval or not self._lock.acquire(False):
                 continue
             try:
-                model = self.model
-                n = model.n_past
-                if not self._closed.is_set() and 0 < n < model.max_capacity and self._tokens:
-                    model.decode(self._tokens[-1])  # writes slot n only; rolled back below
-                    model.rollback(n)
+                seq = self.seq
+                n = seq.n_past
+                if not self._closed.is_set() and 0 < n < seq.max_capacity:
+                    seq.decode(seq.tokens[-1])  # writes slot n only; rolled back below
+                    seq.rollback(n)
                     self.warm_ticks += 1
                     self._last_used = self._clock()
             except Exception:  # a warm tick must never take the app down
@@ -259,8 +228,8 @@ class ChatSession:
     def prompt_ids(
         self,
         system: str,
-        messages: Sequence[ChatMessage],
-        tools: Sequence[ToolSpec] = (),
+        messages: Seq[ChatMessage],
+        tools: Seq[ToolSpec] = (),
         continue_reply: bool = False,
     ) -> list[int]:
         """The request's prompt ids: the template's markup with special tokens parsed, every
@@ -323,28 +292,26 @@ class ChatSession:
 
     # ------------------------------------------------------------------ KV reuse
 
-    def _reuse(self, ids: list[int]) -> tuple[int, str]:
-        """Put the longest available prefix of `ids` in the cache; (reused tokens, source)."""
+    def _reuse(self, seq: Sequence, ids: list[int]) -> tuple[int, str]:
+        """Put the longest available prefix of `ids` in `seq`; (reused tokens, source)."""
         limit = len(ids) - 1  # the last prompt token is always run: its logits start the reply
-        lcp = min(common_prefix_len(self._tokens, ids), limit)
-        if lcp < len(self._tokens) and len(self._tokens) > lcp + 16:
+        seq.resync()
+        lcp = min(common_prefix_len(seq.tokens, ids), limit)
+        if lcp < len(seq.tokens) and len(seq.tokens) > lcp + 16:
             # switching away from a longer state: keep it for when the user comes back
-            self.prefixes.put(self._tokens, self.model.kv_export)
+            self.prefixes.put(seq.tokens, seq.kv_export)
         hit = self.prefixes.lookup(ids, limit)
         if hit is not None and hit.length > lcp:
-            self.model.rollback(0)
-            self.model.kv_import(hit.snapshot, 0)
-            self._tokens = ids[: hit.length]
+            seq.adopt(hit.snapshot, ids)
             return hit.length, hit.source
-        self.model.rollback(lcp)
-        self._tokens = ids[:lcp]
+        seq.rollback(lcp)
         return lcp, "cache"
 
-    def _remember_system(self, system: str, ids: list[int]) -> None:
+    def _remember_system(self, seq: Sequence, system: str, ids: list[int]) -> None:
         prefix = self.system_prefix(system)
-        if prefix and ids[: len(prefix)] == prefix and len(self._tokens) >= len(prefix):
-            self.prefixes.put(prefix, self.model.kv_export, pinned=True)
-            self.prefixes.persist(prefix, self.model.kv_export)
+        if prefix and ids[: len(prefix)] == prefix and len(seq.tokens) >= len(prefix):
+            self.prefixes.put(prefix, seq.kv_export, pinned=True)
+            self.prefixes.persist(prefix, seq.kv_export)
 
     # ------------------------------------------------------------------ generation
 
@@ -355,11 +322,6 @@ class ChatSession:
         *,
         sampling: SamplingParams | None = None,
     ) -> Iterator[Event]:
-        params = sampling if sampling is not None else getattr(request, "sampling", None)
-        problems = sampling_problems(params) if params is not None else []
-        if problems:
-            yield Failed("; ".join(f"{name} {why}" for name, why in problems), kind="invalid")
-            return
         if isinstance(request, ChatRequest) and request.raw_prompt is not None:  # no template
             ids = self.tokenizer.encode_prompt(request.raw_prompt)
             yield from self.complete(ids, request.sampling, cancel)
@@ -373,21 +335,49 @@ class ChatSession:
             return
         self._lock.acquire()  # at most one warm tick (one decode step) to wait for
         try:
-            yield from self._generate(request, cancel, sampling)
-        except NpuchatError as exc:
-            yield Failed(str(exc), "invalid" if isinstance(exc, InvalidRequestError) else "error")
-        except Exception as exc:  # a bug: keep the traceback in the log, not on screen
-            log.exception("generation failed")
-            yield Failed(f"internal error: {type(exc).__name__}: {exc}")
+            yield from self.generate_on(self.seq, request, cancel, sampling=sampling)
         finally:
-            self._tokens = self._tokens[: self.model.n_past]
             self._last_used = self._clock()
             self._lock.release()
             with self._state:
                 self._generating = False
 
+    def generate_on(
+        self,
+        seq: Sequence,
+        request: ChatRequest | list[int],
+        cancel: threading.Event,
+        *,
+        sampling: SamplingParams | None = None,
+        speculate: Callable[[], bool] | None = None,
+        store_lock: threading.Lock | None = None,
+        t_request: float | None = None,
+    ) -> Iterator[Event]:
+        """One reply on `seq` (this session's own, or a KV slot of the concurrent engine).
+
+        `speculate` says, before each step, whether speculative decoding may run (the
+        concurrent engine: only while this sequence runs alone); `store_lock` guards the prefix
+        store when several replies run at once; `t_request` is when the request arrived (TTFT
+        counts from there; default now).
+        """
+        params = sampling if sampling is not None else getattr(request, "sampling", None)
+        problems = sampling_problems(params) if params is not None else []
+        if problems:
+            yield Failed("; ".join(f"{name} {why}" for name, why in problems), kind="invalid")
+            return
+        t0 = self._clock() if t_request is None else t_request
+        try:
+            yield from self._generate(seq, request, cancel, sampling, speculate, store_lock, t0)
+        except RequestCancelled:
+            yield Cancelled(Metrics(model=self._name, device=self._device))
+        except NpuchatError as exc:
+            yield Failed(str(exc), "invalid" if isinstance(exc, InvalidRequestError) else "error")
+        except Exception as exc:  # a bug: keep the traceback in the log, not on screen
+            log.exception("generation failed")
+            yield Failed(f"internal error: {type(exc).__name__}: {exc}")
+
     def complete(
-        self, ids: Sequence[int], sampling: SamplingParams, cancel: threading.Event
+        self, ids: Seq[int], sampling: SamplingParams, cancel: threading.Event
     ) -> Iterator[Event]:
         """Continue raw prompt ids (no chat template): `npuchat run --raw`, benchmarks."""
         ids = list(ids)
@@ -405,12 +395,15 @@ class ChatSession:
 
     def _generate(
         self,
+        seq: Sequence,
         request: ChatRequest | list[int],
         cancel: threading.Event,
-        sampling: SamplingParams | None = None,
+        sampling: SamplingParams | None,
+        speculate: Callable[[], bool] | None,
+        store_lock: threading.Lock | None,
+        t_request: float,
     ) -> Iterator[Event]:
         clock = self._clock
-        t_request = clock()
         if isinstance(request, ChatRequest):
             params = request.sampling
             system = request.system_prompt
@@ -426,16 +419,19 @@ class ChatSession:
         else:
             assert sampling is not None
             params, system, ids = sampling, None, request
-        reused, _source = self._reuse(ids)
-        for warning in self.prefixes.warnings:
+        store = store_lock or contextlib.nullcontext()
+        with store:
+            reused, _source = self._reuse(seq, ids)
+            warnings = list(self.prefixes.warnings)
+            self.prefixes.warnings.clear()
+        for warning in warnings:
             yield Notice(warning, "warning")
-        self.prefixes.warnings.clear()
-        model = self.model
         t_prefill = clock()
         todo = ids[reused:]
-        step = model.prefill_chunk
+        step = self.model.prefill_chunk
+        logits = None
         for start in range(0, len(todo), step):
-            logits = model.prefill(todo[start : start + step])
+            logits = seq.prefill(todo[start : start + step])
             done = min(len(todo), start + step)
             if done < len(todo):  # a long prompt: say how far its prefill is
                 elapsed = clock() - t_prefill
@@ -449,108 +445,25 @@ class ChatSession:
                         device=self._device,
                     )
                 )
+        assert logits is not None
         prefill_s = clock() - t_prefill
-        self._tokens = list(ids)
         if system is not None:
-            self._remember_system(system, ids)
+            with store:
+                self._remember_system(seq, system, ids)
 
-        base = Metrics(
-            prefill_tokens=len(ids) - reused,
-            prefill_tps=(len(ids) - reused) / prefill_s if prefill_s > 0 else 0.0,
-            prefill_total=len(ids) - reused,
-            reused_tokens=reused,
-            kv_max_capacity=model.max_capacity,
-            model=self._name,
-            device=self._device,
+        yield from stream_reply(
+            seq,
+            logits,
+            ids=ids,
+            reused=reused,
+            params=params,
+            prefill_s=prefill_s,
+            t_request=t_request,
+            cancel=cancel,
+            detok=self.tokenizer.detokenizer(),
+            stop_ids=self.stop_ids,
+            speculative=self.speculative,
+            speculate=speculate,
+            metrics=Metrics(model=self._name, device=self._device),
+            clock=clock,
         )
-        sampler = Sampler(params, ids)
-        detok = self.tokenizer.detokenizer()
-        stops = _StopMatcher(params.stop)
-        spec = self.speculative
-        if spec is not None:
-            spec.new_reply()
-        generated = 0
-        t_first = 0.0
-        last_emit = 0.0
-        metrics = base
-
-        def current(now: float) -> Metrics:
-            decode_s = now - t_first
-            m = replace(
-                base,
-                ttft_s=t_first - t_request,
-                decode_tokens=max(0, generated - 1),
-                decode_tps=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
-                kv_used=model.n_past,
-                kv_capacity=model.capacity,
-            )
-            if spec is None:
-                return m
-            st = spec.stats
-            return replace(
-                m,
-                drafted=st.drafted,
-                accepted=st.accepted,
-                mean_accepted_len=st.mean_accepted_len,
-                draft_k=st.k,
-                draft_time_share=st.draft_time_share,
-                draft=spec.name,
-            )
-
-        stop: StopReason | None = None
-        # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache
-        queue = [sampler.sample(logits)]
-        now = clock()
-        while True:
-            for j, token in enumerate(queue):
-                generated += 1
-                now = clock()
-                if generated == 1:
-                    t_first = now
-                if token in self.stop_ids and not params.ignore_eos:
-                    stop = "eos"
-                else:
-                    text, hit = stops.feed(detok.push(token))
-                    yield TokenDelta(text, (token,))
-                    if hit:
-                        stop = "stop_string"
-                    elif generated >= params.max_tokens:
-                        stop = "max_tokens"
-                if stop is not None:
-                    # like plain decoding, the cache ends before the token that stopped the reply
-                    extra = len(queue) - 1 - j
-                    if extra > 0:
-                        del self._tokens[-extra:]
-                        model.rollback(len(self._tokens))
-                    break
-            if stop is not None:
-                break
-            token = queue[-1]
-            if model.n_past + 1 > model.max_capacity:
-                stop = "length"
-                break
-            if now - last_emit >= METRICS_INTERVAL_S:
-                last_emit = now
-                yield MetricsUpdate(current(now))
-            if cancel.is_set():
-                break
-            if spec is None:
-                logits = model.decode(token)
-                self._tokens.append(token)
-                queue = [sampler.sample(logits)]
-            else:
-                budget = params.max_tokens - generated
-                committed, queue = spec.advance(self._tokens, token, sampler, budget)
-                self._tokens.extend(committed)
-        # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
-        # bytes of a half-sampled character are dropped, never stored as U+FFFD
-        cut = stop is None or stop == "max_tokens"
-        tail = stops.flush() + ("" if cut else detok.flush()) if stop != "stop_string" else ""
-        if tail:
-            yield TokenDelta(tail)
-        metrics = current(clock())
-        yield MetricsUpdate(metrics)
-        if stop is None:
-            yield Cancelled(metrics)
-        else:
-            yield Finished(stop, metrics)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from functools import partial
 
@@ -38,6 +39,7 @@ import numpy as np
 from .drafters import Draft, Drafter, ema
 from .model import Model
 from .sampler import Sampler, apply_repeat_penalty, distribution, draw, is_greedy
+from .sequence import Sequence
 
 __all__ = ["CostModel", "SpecStats", "SpeculativeDecoder", "residual"]
 
@@ -112,7 +114,7 @@ class CostModel:
         self._ver.setdefault(width, _Recent()).add(dt)
 
     def record_draft(
-        self, name: str, sync_s: float, outcomes: Sequence[bool], prior: float = 0.7
+        self, name: str, sync_s: float, outcomes: Seq[bool], prior: float = 0.7
     ) -> None:
         self.sync_s[name] = ema(self.sync_s.get(name), sync_s)
         a = self.alpha.get(name, prior)
@@ -152,7 +154,7 @@ class CostModel:
     def pays(self, drafter: Drafter, k: int) -> bool:
         return self.rate(drafter, k) > self.rate(drafter, 0) * (1.0 + GAIN_MARGIN)
 
-    def choose_k(self, drafter: Drafter, context: Sequence[int], limit: int) -> int:
+    def choose_k(self, drafter: Drafter, context: Seq[int], limit: int) -> int:
         """The k with the best expected throughput for this drafter, or 0 (plain decoding)."""
         if self.t_dec is None or limit < 1:
             return 0
@@ -171,7 +173,7 @@ class CostModel:
                 return 0
         return best_k
 
-    def explore(self, drafter: Drafter, context: Sequence[int]) -> bool:
+    def explore(self, drafter: Drafter, context: Seq[int]) -> bool:
         """Whether to try an unprofitable drafter once more (its acceptance may have changed).
 
         Each retry that did not make the drafter pay doubles the wait: a draft model that never
@@ -195,7 +197,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: Model,
-        drafters: Sequence[Drafter],
+        drafters: Seq[Drafter],
         *,
         max_k: int | None = None,
         fixed_k: int | None = None,
@@ -214,13 +216,16 @@ class SpeculativeDecoder:
     def name(self) -> str:
         return "+".join(d.name for d in self.drafters)
 
-    def calibrate(self, probe: Sequence[int] = (16, 17, 18, 19, 20, 21, 22, 23, 24)) -> None:
+    def calibrate(
+        self, seq: Sequence, probe: Seq[int] = (16, 17, 18, 19, 20, 21, 22, 23, 24)
+    ) -> None:
         """Time a decode step and a few verify widths now, so the first reply starts with
         measured costs (widths in between are interpolated, the rest measured as used).
 
-        Runs at the cache's end and rolls back, so the cached conversation is untouched.
+        Runs at the end of `seq` (a sequence on the target) and rolls back, so the cached
+        conversation is untouched.
         """
-        target, n = self.target, self.target.n_past
+        target, n = seq, seq.n_past
         if n + self.max_k + 2 > target.max_capacity:
             return
         ids = [int(t) for t in probe]
@@ -252,17 +257,17 @@ class SpeculativeDecoder:
             d.close()
 
     def advance(
-        self, context: list[int], pending: int, sampler: Sampler, budget: int
+        self, target: Sequence, pending: int, sampler: Sampler, budget: int
     ) -> tuple[list[int], list[int]]:
-        """One round after `pending` (chosen, not yet in the cache that holds `context`).
+        """One round after `pending` (chosen, not yet in `target`, the target's sequence).
 
-        Returns (committed, new): `committed` is now in the target cache after `context`
+        Returns (committed, new): `committed` is now in `target` after what it held
         ([pending] + accepted drafts); `new` are the next reply tokens (accepted drafts + one
         target token), at most `budget`, already recorded in the sampler's history.
         """
-        target = self.target
         limit = min(budget - 1, target.max_capacity - target.n_past - 1)
-        seq = [*context, pending]
+        base = target.n_past
+        seq = [*target.tokens, pending]
         draft = self._draft(seq, sampler, limit) if self.drafters and limit >= 1 else None
         if draft is None:
             self.stats.k = 0
@@ -276,7 +281,6 @@ class SpeculativeDecoder:
         drafter, d = draft
         t0 = self._clock()
         rows = target.verify([pending, *d.tokens])
-        base = len(context)
         if is_greedy(sampler.params):
             n_acc, token, outcomes = self._accept_greedy(rows, d.tokens, sampler)
         else:

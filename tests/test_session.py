@@ -28,7 +28,8 @@ from npuchat.engine.events import (
     TokenDelta,
 )
 from npuchat.engine.model import Model
-from npuchat.engine.session import ChatSession, SessionOptions, _StopMatcher
+from npuchat.engine.session import ChatSession, SessionOptions
+from npuchat.engine.stop_matcher import StopMatcher
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 WORDS = ["hello", "world", "the", "fox", "def", "return", "model", "small", "x", "42"]
@@ -261,7 +262,7 @@ def test_system_prefix_survives_restart(model_path: Path, tmp_path: Path) -> Non
 
 
 def test_stop_matcher_holds_back_partial_stop_strings() -> None:
-    m = _StopMatcher(["STOP"])
+    m = StopMatcher(["STOP"])
     assert m.feed("abc ST") == ("abc ", False)
     assert m.feed("O") == ("", False)
     assert m.feed("x") == ("STOx", False)

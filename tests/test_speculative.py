@@ -30,6 +30,7 @@ from npuchat.engine.events import (
 )
 from npuchat.engine.model import Model
 from npuchat.engine.sampler import Sampler, distribution, draw
+from npuchat.engine.sequence import Sequence as KVSequence
 from npuchat.engine.session import ChatSession, SessionOptions
 from npuchat.engine.speculative import CostModel, SpeculativeDecoder
 
@@ -238,8 +239,8 @@ def test_draft_stays_in_sync_across_edits_regenerate_and_cancel(
         for c, ref in zip(convs, plain, strict=True):
             assert run(req=request(*c)) == ref
             seq = target.cached_tokens
-            assert drafter._tokens == seq[: len(drafter._tokens)]
-            assert draft_model.n_past == len(drafter._tokens)
+            assert drafter.seq.tokens == seq[: len(drafter.seq.tokens)]
+            assert draft_model.n_past == len(drafter.seq.tokens)
     finally:
         target.speculative = None
 
@@ -262,10 +263,11 @@ def test_rollback_after_partial_acceptance_equals_prefilled_cache(
                 return Draft([right, wrong, 3, 4])
 
         with Model.load(pair["target"], cache_dir=cache, verify_k=8, capacities=[128]) as m:
-            m.prefill(prompt)
+            seq = KVSequence(m)
+            seq.prefill(prompt)
             spec = SpeculativeDecoder(m, [Scripted()], fixed_k=4)
             sampler = Sampler(GREEDY, [*prompt, first])
-            committed, new = spec.advance(list(prompt), first, sampler, budget=10)
+            committed, new = spec.advance(seq, first, sampler, budget=10)
             assert committed == [first, right] and new[0] == right and len(new) == 2
             assert m.n_past == len(prompt) + 2
             ref.rollback(0)
@@ -297,17 +299,20 @@ class MarkovModel:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    def rollback(self, n: int) -> None:
+    def length(self, row: int = 0) -> int:
+        return len(self.tokens)
+
+    def rollback(self, n: int, row: int = 0) -> None:
         del self.tokens[n:]
 
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+    def prefill(self, ids: Sequence[int], row: int = 0) -> np.ndarray:
         self.tokens.extend(ids)
         return self.table[self.tokens[-1]].copy()
 
-    def decode(self, token: int) -> np.ndarray:
+    def decode(self, token: int, row: int = 0) -> np.ndarray:
         return self.prefill([token])
 
-    def verify(self, ids: Sequence[int]) -> np.ndarray:
+    def verify(self, ids: Sequence[int], row: int = 0) -> np.ndarray:
         self.tokens.extend(ids)
         return np.stack([self.table[t] for t in ids])
 
@@ -355,16 +360,16 @@ def _speculative_counts(params: SamplingParams, trials: int, k: int, lookup: boo
     context = CONTEXT
     sampler = Sampler(params, context)
     sampler.rng = rng
+    seq = KVSequence(target)  # type: ignore[arg-type]
     for _ in range(trials):
-        target.rollback(0)
-        target.prefill(context)
+        seq.rollback(0)
+        seq.prefill(context)
         sampler.history = list(context)
         first = draw(sampler.probs(p_table[context[-1]]), rng)
         sampler.accept(first)
-        out, seq = [first], list(context)
+        out = [first]
         while len(out) < N_OUT:
-            committed, new = spec.advance(seq, out[-1], sampler, N_OUT - len(out))
-            seq += committed
+            _, new = spec.advance(seq, out[-1], sampler, N_OUT - len(out))
             out += new
         counts[np.ravel_multi_index(out[:N_OUT], (VOCAB,) * N_OUT)] += 1
     return counts

@@ -1,0 +1,266 @@
+"""Concurrency benchmark: several streams on one model, measured side by side in one run.
+
+    python benchmarks/concurrency.py [--model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b]
+                                     [--threads 2] [--tokens 48] [--json F]
+
+For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no drafts:
+
+* aggregate decode tok/s with 1, 2 and 4 streams started together (tokens of all streams
+  inside the window where every stream is decoding, over that window), and the ratios to one;
+* per-stream decode tok/s of an interactive reply while a background reply runs, against the
+  same reply alone;
+* the longest gap between two tokens of a streaming reply while another conversation prefills a
+  ~2,000-token prompt, against that stream's median gap before the prefill started;
+* TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
+  against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
+  prefix store and back);
+* peak RSS of a child process that loads the model with 1 or 4 slots at capacity 4,096 and
+  touches every KV page (what a full cache holds).
+
+Graphs are built before anything is timed; each model gets a private prefix folder, so the cold
+figures are cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from npuchat.engine.catalog import Catalog
+from npuchat.engine.concurrent_engine import ConcurrentEngine
+from npuchat.engine.events import (
+    ChatMessage,
+    ChatRequest,
+    Event,
+    Finished,
+    SamplingParams,
+    TokenDelta,
+)
+from npuchat.engine.paths import Paths
+from npuchat.engine.pull import pull
+from npuchat.engine.session import ChatSession
+
+LONG_TOKENS = 2000
+PROMPTS = [
+    "Write a detailed essay about the history of computing, from the abacus to modern GPUs.",
+    "Explain, step by step and at length, how a compiler turns source code into machine code.",
+    "Describe in detail how the internet routes a packet from one continent to another.",
+    "Write a long tutorial on writing a web server in Python, with code and explanations.",
+]
+
+
+def model_path(name: str) -> Path:
+    try:
+        return Catalog.load(Paths.from_env()).resolve(name)
+    except Exception:
+        root = Path.home() / ".cache" / "npuchat-test"
+        path, _ = pull(Catalog.load(Paths(root, root, root, root / "models")), name)
+        return path
+
+
+def open_engine(
+    path: Path, cache: Path, slots: int, threads: int, caps: list[int]
+) -> ConcurrentEngine:
+    session = ChatSession.open(
+        path,
+        name=path.stem,
+        cache_dir=cache,
+        threads=threads,
+        capacities=caps,
+        batch_max=slots,
+    )
+    return ConcurrentEngine(session, max_queue=16)
+
+
+def request(conv: str, text: str, tokens: int, priority: str = "interactive") -> ChatRequest:
+    sampling = SamplingParams(temperature=0.0, max_tokens=tokens)
+    return ChatRequest(conv, "", (ChatMessage("user", text),), sampling, priority)  # type: ignore[arg-type]
+
+
+class Stream(threading.Thread):
+    def __init__(self, engine: ConcurrentEngine, req: ChatRequest) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.req = engine, req
+        self.cancel = threading.Event()
+        self.times: list[float] = []
+        self.events: list[Event] = []
+
+    def run(self) -> None:
+        for ev in self.engine.generate(self.req, self.cancel):
+            self.events.append(ev)
+            if isinstance(ev, TokenDelta) and ev.ids:
+                self.times.extend([time.perf_counter()] * len(ev.ids))
+
+    @property
+    def final(self) -> Event:
+        return self.events[-1]
+
+
+def aggregate(engine: ConcurrentEngine, n: int, tokens: int, tag: str) -> float:
+    streams = [Stream(engine, request(f"{tag}{i}", PROMPTS[i % 4], tokens)) for i in range(n)]
+    for s in streams:
+        s.start()
+    for s in streams:
+        s.join()
+    start = max(s.times[0] for s in streams)
+    end = min(s.times[-1] for s in streams)
+    inside = sum(sum(1 for t in s.times if start < t <= end) for s in streams)
+    return inside / (end - start) if end > start else 0.0
+
+
+def long_text(engine: ConcurrentEngine, tokens: int) -> str:
+    words = [
+        "the",
+        "engine",
+        "keeps",
+        "every",
+        "conversation",
+        "in",
+        "its",
+        "own",
+        "slot",
+        "and",
+        "decodes",
+        "them",
+        "together",
+    ]
+    text, i = [], 0
+    while len(engine.tokenizer.encode(" ".join(text))) < tokens:
+        text.extend(words[j % len(words)] + str(i) for j in range(50))
+        i += 1
+    return " ".join(text)
+
+
+def measure(path: Path, cache: Path, threads: int, tokens: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    engine = open_engine(path, cache, 4, threads, [512, 1024, 2048, 4096])
+    try:
+        list(engine.generate(request("warm", "hi", 4), threading.Event()))  # graphs built
+        for n in (1, 2, 4):
+            out[f"aggregate_{n}_tps"] = aggregate(engine, n, tokens, f"agg{n}-")
+        out["aggregate_2_x"] = out["aggregate_2_tps"] / out["aggregate_1_tps"]
+        out["aggregate_4_x"] = out["aggregate_4_tps"] / out["aggregate_1_tps"]
+
+        alone = Stream(engine, request("fg-alone", PROMPTS[0], tokens))
+        alone.run()
+        bg = Stream(engine, request("bg", PROMPTS[1], 10 * tokens, "background"))
+        bg.start()
+        while not bg.times:
+            time.sleep(0.01)
+        fg = Stream(engine, request("fg", PROMPTS[0], tokens))
+        fg.run()
+        bg.cancel.set()
+        bg.join()
+        assert isinstance(alone.final, Finished) and isinstance(fg.final, Finished)
+        out["interactive_alone_tps"] = alone.final.metrics.decode_tps
+        out["interactive_with_bg_tps"] = fg.final.metrics.decode_tps
+        out["interactive_with_bg_x"] = out["interactive_with_bg_tps"] / max(
+            out["interactive_alone_tps"], 1e-9
+        )
+
+        text = long_text(engine, LONG_TOKENS)
+        streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
+        streaming.start()
+        while len(streaming.times) < 12:
+            time.sleep(0.01)
+        t_long = time.perf_counter()
+        big = Stream(engine, request("paste", text, 2))
+        big.run()
+        t_done = big.times[0] if big.times else time.perf_counter()
+        streaming.cancel.set()
+        streaming.join()
+        pairs = list(zip(streaming.times, streaming.times[1:], strict=False))
+        before = [b - a for a, b in pairs if b <= t_long]
+        during = [b - a for a, b in pairs if t_long < b <= t_done]
+        out["gap_normal_s"] = statistics.median(before)
+        out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
+        out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
+        out["long_prefill_ttft_s"] = t_done - t_long
+    finally:
+        engine.close()
+    for slots in (4, 1):
+        shutil.rmtree(cache / "prefixes", ignore_errors=True)  # cold means cold
+        engine = open_engine(path, cache, slots, threads, [4096])
+        try:
+            text = long_text(engine, LONG_TOKENS)
+            first = list(engine.generate(request("long", text, 8), threading.Event()))
+            cold = first[-1]
+            assert isinstance(cold, Finished), cold
+            reply = "".join(e.text for e in first if isinstance(e, TokenDelta))
+            for conv in ("other1", "other2"):
+                list(engine.generate(request(conv, PROMPTS[3], 8), threading.Event()))
+            msgs = (
+                ChatMessage("user", text),
+                ChatMessage("assistant", reply),
+                ChatMessage("user", "Summarize that in one line."),
+            )
+            again = ChatRequest("long", "", msgs, SamplingParams(temperature=0.0, max_tokens=8))
+            back = list(engine.generate(again, threading.Event()))[-1]
+            assert isinstance(back, Finished), back
+            out[f"switch_cold_ttft_s_{slots}slot"] = cold.metrics.ttft_s
+            out[f"switch_back_ttft_s_{slots}slot"] = back.metrics.ttft_s
+            out[f"switch_back_x_{slots}slot"] = back.metrics.ttft_s / cold.metrics.ttft_s
+        finally:
+            engine.close()
+    shutil.rmtree(cache / "prefixes", ignore_errors=True)
+    return out
+
+
+def rss_child(path: str, cache: str, slots: int, threads: int) -> None:
+    """Load from the built graphs (no build peak), touch every KV page of every slot."""
+    engine = open_engine(Path(path), Path(cache), slots, threads, [4096])
+    engine.model._kv.data.fill(0.0)  # what a full cache holds
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"peak_rss_mib": peak, "kv_mib": engine.model.kv_bytes / 2**20}))
+    engine.close()
+
+
+def rss(path: Path, cache: Path, slots: int, threads: int) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--rss-child", str(path), str(cache), str(slots)]
+    cmd += ["--threads", str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", action="append")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rss_child:
+        rss_child(args.rss_child[0], args.rss_child[1], int(args.rss_child[2]), args.threads)
+        return
+    report = {}
+    for name in args.model or ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]:
+        path = model_path(name)
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = Path(tmp)
+            figures = measure(path, cache, args.threads, args.tokens)
+            for slots in (1, 4):
+                for key, value in rss(path, cache, slots, args.threads).items():
+                    figures[f"{key}_{slots}slot_4096"] = value
+        report[name] = figures
+        print(name)
+        for key, value in figures.items():
+            print(f"  {key:34s} {value:10.3f}")
+        sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Running the CPU graph over bound buffers: the IOBinding between `Model` and ONNX Runtime.
+
+Every input and output is an OrtValue over a numpy buffer that stays bound between runs, so a
+decode step only fills a few small arrays: no binding, no allocation. The cache rows a step
+works on (one sequence's row, or a batch's contiguous range of rows) are views of the cache
+bound as is, as the inputs and as the outputs of the graph's in-place scatter, so the new K/V
+rows land in the cache with no copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort  # type: ignore[import-untyped]
+
+from .gguf_reader import ModelConfig
+from .kvcache import KVCache
+from .layer_inputs import apply_window
+
+__all__ = ["CpuSteps"]
+
+_KEPT_SHAPES = 6  # decode, batched decodes, verify widths, prefill chunks
+
+
+class CpuSteps:
+    """Runs the symbolic CPU decoder graph for B sequences of S new tokens each."""
+
+    def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, kv: KVCache) -> None:
+        self.session = session
+        self.cfg = cfg
+        self.kv = kv
+        self.io = session.io_binding()
+        self._bound_cache: tuple[int, int, int] | None = None  # (generation, first row, rows)
+        self._bound_step: tuple[int, ...] | None = None  # (B, S, R, P, cache generation)
+        self._steps: dict[tuple[int, int, int, int], _StepBuffers] = {}
+        self._cache_values: list[ort.OrtValue] = []
+
+    def run(
+        self,
+        embeddings: np.ndarray,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        positions: np.ndarray,
+        first_row: int,
+        logit_rows: int,
+        pad: int,
+        local: tuple[np.ndarray, np.ndarray],
+    ) -> np.ndarray:
+        """One run: `embeddings` `[B, S, D]`, `cos`/`sin` `[B, S, dh/2]`, `positions` `[B, S]`
+        (the slots the new rows go to, in cache rows `first_row..+B`); logits of the last
+        `logit_rows` rows of each sequence, `[B·logit_rows, vocab]`. `pad`: rows run twice by
+        the matmuls whose one-row kernel differs (`graph_ops.RowPad`). `local`: the sliding
+        layers' (cos, sin), shaped as `cos`, used by models with their own."""
+        b, s = embeddings.shape[:2]
+        buf = self._bind(b, s, b * logit_rows, pad, first_row)
+        buf.embeddings[:] = embeddings
+        buf.cos[:] = cos
+        buf.sin[:] = sin
+        buf.slots[..., 2] = positions[:, None, :]
+        self.kv.fill_causal_mask(buf.mask, positions)
+        cfg = self.cfg
+        if cfg.swa_layers:  # sliding layers: every layer (mask) or some (mask_swa)
+            out = buf.mask_swa if cfg.mixed_windows else buf.mask
+            cols = np.arange(self.kv.capacity)
+            for j in range(b):
+                rows = slice(j, j + 1)
+                apply_window(out[rows], positions[j], cols, cfg.sliding_window, buf.mask[rows])
+        if cfg.local_rope:
+            buf.cos_swa[:], buf.sin_swa[:] = local
+        self.session.run_with_iobinding(self.io)  # writes the new K/V rows into the cache
+        return buf.logits.copy()
+
+    def _bind(self, b: int, s: int, r: int, p: int, first_row: int) -> _StepBuffers:
+        """Bind cache rows `first_row..+b` and this step shape's buffers; a no-op when nothing
+        changed."""
+        kv, io = self.kv, self.io
+        if self._bound_cache != (kv.generation, first_row, b):
+            self._cache_values = []
+            for i in range(self.cfg.n_layers):
+                for kind, bufs in (("k", kv.k), ("v", kv.v)):
+                    value = ort.OrtValue.ortvalue_from_numpy(bufs[i][first_row : first_row + b])
+                    io.bind_ortvalue_input(f"past_{kind}_{i}", value)
+                    io.bind_ortvalue_output(f"present_{kind}_{i}", value)  # in place
+                    self._cache_values.append(value)
+            self._bound_cache = (kv.generation, first_row, b)
+        key = (b, s, r, p)
+        buf = self._steps.pop(key, None)
+        if buf is None or buf.capacity != kv.capacity:
+            buf = _StepBuffers(self.cfg, b, s, r, p, kv.capacity)
+        self._steps[key] = buf  # most recent last
+        while len(self._steps) > _KEPT_SHAPES:
+            del self._steps[next(iter(self._steps))]
+        if self._bound_step != (*key, kv.generation):
+            for name, value in buf.inputs.items():
+                io.bind_ortvalue_input(name, value)
+            for name, value in buf.outputs.items():
+                io.bind_ortvalue_output(name, value)
+            self._bound_step = (*key, kv.generation)
+        return buf
+
+
+class _StepBuffers:
+    """Preallocated inputs and outputs of one step shape: B sequences of S new rows each, R
+    logit rows (the last R/B of each sequence), capacity C.
+
+    The CPU graph scatters the new K/V rows into the cache itself (`kv_slots`, in place), so the
+    only output here is the logits; the mask covers the C cache columns.
+    """
+
+    def __init__(self, cfg: ModelConfig, b: int, s: int, r: int, p: int, capacity: int) -> None:
+        f32 = np.float32
+        self.capacity = capacity
+        self.embeddings = np.zeros((b, s, cfg.d_model), f32)
+        self.mask = np.zeros((b, 1, s, capacity), f32)
+        self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
+        self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
+        per = r // b
+        self.rows = (np.arange(b)[:, None] * s + np.arange(s - per, s)[None, :]).reshape(-1)
+        self.logits = np.zeros((r, cfg.vocab_size), f32)
+        self.slots = np.zeros((b, cfg.n_kv_heads, s, 3), np.int64)  # (batch row, head, slot)
+        self.slots[..., 0] = np.arange(b)[:, None, None]
+        self.slots[..., 1] = np.arange(cfg.n_kv_heads)[:, None]
+        value = ort.OrtValue.ortvalue_from_numpy
+        self.inputs = {
+            "embeddings": value(self.embeddings),
+            "mask": value(self.mask),
+            "cos": value(self.cos),
+            "sin": value(self.sin),
+            "logit_rows": value(self.rows),
+            "kv_slots": value(self.slots),
+            "pad_rows": value(np.zeros(p, np.int64)),  # row 0 again, or nothing (`RowPad`)
+        }
+        # Sliding layers' own mask and rotary tables, for models whose layers differ.
+        # (aliases of the shared ones, never bound, for models without them)
+        self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
+        self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
+        self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
+        if cfg.mixed_windows:
+            self.inputs["mask_swa"] = value(self.mask_swa)
+        if cfg.local_rope:
+            self.inputs["cos_swa"] = value(self.cos_swa)
+            self.inputs["sin_swa"] = value(self.sin_swa)
+        self.outputs = {"logits": value(self.logits)}

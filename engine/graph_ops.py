@@ -1,0 +1,169 @@
+"""The graph's building blocks: a node accumulator and the matmuls (quantized, offset, padded).
+
+`linear` is the one place a weight matrix becomes ops: `MatMulNBits` (with the block-offset Gemm
+for asymmetric blocks) or a dense MatMul, and, for exact decode steps, the row padding that makes
+a lone row take the same kernels as a row among others (`RowPad`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .graph_weights import Linear
+
+__all__ = ["Graph", "RowPad", "linear"]
+
+
+class Graph:
+    """A tiny node/initializer accumulator with unique names."""
+
+    def __init__(self, initializers: Mapping[str, TensorProto]) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, TensorProto] = dict(initializers)
+        self.consts: dict[str, TensorProto] = {}
+        self.count = 0
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        n_out: int = 1,
+        domain: str = "",
+        outputs: Sequence[str] | None = None,
+        **attrs: Any,
+    ) -> Any:
+        self.count += 1
+        outs = list(outputs) if outputs else [f"{op_type}_{self.count}_{j}" for j in range(n_out)]
+        self.nodes.append(
+            helper.make_node(
+                op_type,
+                list(inputs),
+                outs,
+                domain=domain or None,
+                name=f"{op_type}_{self.count}",
+                **attrs,
+            )
+        )
+        return outs[0] if len(outs) == 1 else outs
+
+    def ints(self, values: Sequence[int]) -> str:
+        name = "c_" + "_".join(str(v).replace("-", "m") for v in values)
+        if name not in self.consts:
+            self.consts[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+        return name
+
+    def scalar(self, value: float) -> str:
+        """A float32 scalar constant."""
+        name = f"f_{len(self.consts)}"
+        self.consts[name] = numpy_helper.from_array(np.array(value, np.float32), name)
+        return name
+
+
+def _kernel_rows_matter(lin: Linear) -> bool:
+    """Whether this matmul gives a row different bits alone than among other rows.
+
+    ONNX Runtime runs `MatMulNBits` through a one-row kernel when M = 1. For symmetric 8-bit
+    weights it agrees with the multi-row kernel bit for bit; for 4-bit weights it rounds
+    differently (~1e-6, measured on ORT 1.32, AVX2). Offset Gemms and dense float MatMuls are
+    counted as differing too (MLAS has GEMV paths for one row).
+    """
+    return lin.bits != 8 or bool(lin.mins)
+
+
+class RowPad:
+    """Runs the matmuls whose one-row kernel differs on `x` plus the rows `pad_rows` of `x`.
+
+    A decode step passes `pad_rows = [0]`: those matmuls then see two rows and take the
+    multi-row kernel a verify step takes, and their output is sliced back to the S real rows;
+    every other op runs on one row. Verify, prefill and draft steps pass no rows; the Concat and
+    Slice still copy their tensors then (~2% of a 1.5B prefill chunk), so the MLP keeps the pad
+    rows from gate/up through to down (`carrying`) instead of slicing and re-padding its widest
+    tensors. `None` when the graph has no `pad_rows` input (the NPU's static graphs).
+    """
+
+    def __init__(self, rows: str) -> None:
+        self.rows = rows  # the row count of every input padded here (a [1] int64 tensor)
+        self.padded: dict[str, str] = {}  # x -> x with the pad rows
+        self.sliced: dict[str, str] = {}  # a carrying tensor -> its S real rows
+        self.carrying: set[str] = set()  # tensors that already hold the pad rows
+
+    def pad(self, gr: Graph, x: str) -> str:
+        if x in self.carrying:
+            return x
+        if x not in self.padded:
+            extra = gr.op("Gather", [x, "pad_rows"], axis=0)
+            self.padded[x] = gr.op("Concat", [x, extra], axis=0)
+        return self.padded[x]
+
+    def unpad(self, gr: Graph, y: str) -> str:
+        if y not in self.carrying:
+            return y
+        if y not in self.sliced:
+            self.sliced[y] = gr.op("Slice", [y, gr.ints([0]), self.rows, gr.ints([0])])
+        return self.sliced[y]
+
+    def input_for(self, gr: Graph, x: str, lin: Linear) -> str:
+        """`x` as the matmul `lin` takes it: padded if its kernels differ, else plain rows."""
+        return self.pad(gr, x) if _kernel_rows_matter(lin) else self.unpad(gr, x)
+
+
+def linear(
+    gr: Graph,
+    x: str,
+    lins: Sequence[Linear],
+    level: int,
+    pad: RowPad | None = None,
+    keep_pad: bool = False,
+) -> str:
+    """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: MatMulNBits or a dense MatMul.
+
+    Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: Reshape +
+    ReduceSum (O(K); a MatMul with a 0/1 block matrix would read K²/32 floats, 10 MB per call
+    for K = 8960) and a Gemm that takes the matmul's output as its C input. The offsets are
+    stored `[N, K/32]` and read transposed (`transB`): ONNX Runtime's Gemm runs that layout
+    2–3× faster than `[K/32, N]` on one or two rows of a wide N (gate/up) when it sits in cache;
+    in a whole 1.5B step, where it streams from memory, the two measured within noise at two
+    rows and ~25% apart at one (draft models decode one row). With `pad`, groups
+    whose one-row kernel differs run on the padded rows (`RowPad`); with `keep_pad`, a result
+    whose groups all ran padded keeps its pad rows (the caller continues on them).
+    """
+    outs = []
+    blocksums: dict[tuple[str, int], str] = {}
+    padded_all = pad is not None and all(_kernel_rows_matter(lin) for lin in lins)
+    for lin in lins:
+        xin = x if pad is None else pad.input_for(gr, x, lin)
+        if lin.bits == 0:
+            y = gr.op("MatMul", [xin, lin.b])
+            if lin.bias:
+                y = gr.op("Add", [y, lin.bias])
+        else:
+            ins = [xin, lin.b, lin.scales] + (["", "", lin.bias] if lin.bias else [])
+            y = gr.op(
+                "MatMulNBits",
+                ins,
+                domain="com.microsoft",
+                K=lin.k,
+                N=lin.n,
+                bits=lin.bits,
+                block_size=32,
+                accuracy_level=level,
+            )
+            if lin.mins:
+                if (xin, lin.k) not in blocksums:  # [S, K] -> [S, K/32, 32] -> [S, K/32]
+                    xb = gr.op("Reshape", [xin, gr.ints([-1, lin.k // 32, 32])])
+                    blocksums[(xin, lin.k)] = gr.op("ReduceSum", [xb, gr.ints([-1])], keepdims=0)
+                y = gr.op("Gemm", [blocksums[(xin, lin.k)], lin.mins, y], transB=1)
+        if pad is not None and _kernel_rows_matter(lin):
+            pad.carrying.add(y)
+            if not (keep_pad and padded_all):
+                y = pad.unpad(gr, y)
+        outs.append(y)
+    out = outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)
+    if pad is not None and keep_pad and padded_all:
+        pad.carrying.add(out)
+    return out

@@ -1,0 +1,235 @@
+"""GGUF tensors → the graphs' initializers: one page-aligned external-data file of weights.
+
+Every graph of a model (CPU or NPU, any shape) references the same `weights.bin`, written once
+here. Matrices keep their GGUF block quantization as `MatMulNBits` (4/8-bit, block 32) or dense
+float; Q/K/V and gate/up are fused into one matrix each, llama Q/K rows are permuted back to the
+NEOX rotary layout, and attention's 1/√dh is folded into the Q weights (`graph_builder` doc).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from .errors import UnsupportedModelError
+from .gguf_reader import GGUFFile, ModelConfig
+from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
+
+__all__ = [
+    "WEIGHTS_FILE",
+    "Layer",
+    "Linear",
+    "Weights",
+    "llama_rope_permutation",
+    "write_weights",
+]
+
+WEIGHTS_FILE = "weights.bin"
+_ALIGN = 4096  # page-aligned external data lets ONNX Runtime map it instead of copying
+
+
+def llama_rope_permutation(n_heads: int, head_dim: int) -> np.ndarray:
+    """Row order that turns llama.cpp's adjacent-pair rotary layout into the NEOX half layout."""
+    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(n_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
+
+
+class _WeightWriter:
+    """Streams initializers into one external-data file, page-aligned, as they are produced."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.tensors: dict[str, TensorProto] = {}
+
+    def add(self, name: str, arr: np.ndarray) -> str:
+        arr = np.ascontiguousarray(arr)
+        pos = self.file.tell()
+        pad = (-pos) % _ALIGN
+        if pad:
+            self.file.write(b"\0" * pad)
+            pos += pad
+        self.file.write(arr.tobytes())
+        t = TensorProto()
+        t.name = name
+        t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+        t.dims.extend(arr.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", pos), ("length", arr.nbytes)):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, str(value)
+        self.tensors[name] = t
+        return name
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class Linear:
+    """A matmul's initializer names and shape (one fused group of output rows)."""
+
+    n: int
+    k: int
+    bits: int
+    b: str
+    scales: str = ""
+    mins: str = ""  # [N, K/32], read by the offset Gemm transposed
+    bias: str = ""
+
+
+@dataclass
+class Layer:
+    attn_norm: str
+    ffn_norm: str
+    qkv: list[Linear]
+    out: list[Linear]
+    gate_up: list[Linear]
+    down: list[Linear]
+    q_norm: str = ""  # per-head norms of Q (with the attention scale folded in) and K
+    k_norm: str = ""
+    post_attn_norm: str = ""  # norms of the attention and MLP outputs
+    post_ffn_norm: str = ""
+
+
+@dataclass
+class Weights:
+    layers: list[Layer]
+    out_norm: str
+    lm_head: list[Linear]
+    tensors: dict[str, TensorProto]
+
+
+def _store_linear(
+    w: _WeightWriter, name: str, mats: Sequence[QuantMatrix], bias: np.ndarray | None = None
+) -> list[Linear]:
+    """Write matrices as fused groups of one kind each (output order is preserved)."""
+    groups: list[list[QuantMatrix]] = []
+    for m in mats:
+        if groups and groups[-1][0].kind == m.kind:
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    out = []
+    row = 0
+    for gi, group in enumerate(groups):
+        m = concat_rows(group) if len(group) > 1 else group[0]
+        base = f"{name}.{gi}"
+        if m.bits == 0:
+            assert m.dense is not None
+            lin = Linear(m.n, m.k, 0, w.add(base + ".w", m.dense.T))
+        else:
+            nb = pack_nbits(m)
+            lin = Linear(m.n, m.k, m.bits, w.add(base + ".b", nb.b), w.add(base + ".s", nb.scales))
+            if nb.mins is not None:
+                lin.mins = w.add(base + ".mins", nb.mins)
+        if bias is not None:
+            lin.bias = w.add(base + ".bias", bias[row : row + m.n])
+        row += m.n
+        out.append(lin)
+    return out
+
+
+_ROWS_PER_CHUNK = 8192  # bounds the float temporaries of requantization (LM heads: 150k rows)
+
+
+def _matrix(g: GGUFFile, name: str) -> QuantMatrix:
+    info = g.tensors.get(name)
+    if info is None:
+        raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
+    k, n = info.shape[0], int(np.prod(info.shape[1:]))
+    raw = g.raw(name)
+    if n <= _ROWS_PER_CHUNK:
+        return decode_tensor(raw, info.ggml_type, n, k)
+    row_bytes = info.n_bytes // n
+    parts = [
+        decode_tensor(
+            raw[r * row_bytes : min(n, r + _ROWS_PER_CHUNK) * row_bytes],
+            info.ggml_type,
+            min(n, r + _ROWS_PER_CHUNK) - r,
+            k,
+        )
+        for r in range(0, n, _ROWS_PER_CHUNK)
+    ]
+    return concat_rows(parts)
+
+
+def _vector(g: GGUFFile, name: str) -> np.ndarray:
+    if name not in g.tensors:
+        raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
+    return _matrix(g, name).dequantize().reshape(-1).astype(np.float32)
+
+
+def _qkv(g: GGUFFile, cfg: ModelConfig, p: str) -> tuple[list[QuantMatrix], np.ndarray | None]:
+    """Q, K, V of layer prefix `p` in NEOX rotary layout, with 1/√dh folded into Q (and bias)."""
+    dq, dk = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    cuts = [slice(0, dq), slice(dq, dq + dk), slice(dq + dk, dq + 2 * dk)]
+    if cfg.fused_qkv:
+        qkv = _matrix(g, p + "attn_qkv.weight")
+        mats = [qkv.rows(c) for c in cuts]
+        fused_bias = p + "attn_qkv.bias"
+        biases = [_vector(g, fused_bias)[c] for c in cuts] if fused_bias in g.tensors else None
+    else:
+        mats = [_matrix(g, p + f"attn_{x}.weight") for x in "qkv"]
+        names = [p + f"attn_{x}.bias" for x in "qkv"]
+        biases = [_vector(g, n) for n in names] if all(n in g.tensors for n in names) else None
+    if cfg.arch == "llama":
+        perm_q = llama_rope_permutation(cfg.n_heads, cfg.head_dim)
+        perm_k = llama_rope_permutation(cfg.n_kv_heads, cfg.head_dim)
+        mats[0], mats[1] = mats[0].rows(perm_q), mats[1].rows(perm_k)
+        if biases is not None:
+            biases[0], biases[1] = biases[0][perm_q], biases[1][perm_k]
+    # The attention scale rides in Q's weights, or in Q's norm when a norm follows them.
+    scale = 1.0 if cfg.qk_norm else cfg.q_scale
+    mats[0] = mats[0].scaled(scale)
+    if biases is None:
+        return mats, None
+    biases[0] = (biases[0] * np.float32(scale)).astype(np.float32)
+    return mats, np.concatenate(biases)
+
+
+def write_weights(
+    g: GGUFFile, out_dir: Path, progress: Callable[[float], None] | None = None
+) -> Weights:
+    """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout)."""
+    cfg = g.config
+    w = _WeightWriter(out_dir / WEIGHTS_FILE)
+    try:
+        layers = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            qkv_mats, qkv_bias = _qkv(g, cfg, p)
+            if cfg.fused_gate_up:
+                gate_up = [_matrix(g, p + "ffn_up.weight")]
+            else:
+                gate_up = [_matrix(g, p + "ffn_gate.weight"), _matrix(g, p + "ffn_up.weight")]
+            layer = Layer(
+                attn_norm=w.add(p + "attn_norm", _vector(g, p + "attn_norm.weight")),
+                ffn_norm=w.add(p + "ffn_norm", _vector(g, p + "ffn_norm.weight")),
+                qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias),
+                out=_store_linear(w, p + "attn_out", [_matrix(g, p + "attn_output.weight")]),
+                gate_up=_store_linear(w, p + "gate_up", gate_up),
+                down=_store_linear(w, p + "down", [_matrix(g, p + "ffn_down.weight")]),
+            )
+            if cfg.qk_norm:
+                q_norm = _vector(g, p + "attn_q_norm.weight") * np.float32(cfg.q_scale)
+                layer.q_norm = w.add(p + "q_norm", q_norm.astype(np.float32))
+                layer.k_norm = w.add(p + "k_norm", _vector(g, p + "attn_k_norm.weight"))
+            if cfg.post_norms:
+                post_attn = _vector(g, p + "post_attention_norm.weight")
+                layer.post_attn_norm = w.add(p + "post_attn_norm", post_attn)
+                post_ffn = _vector(g, p + "post_ffw_norm.weight")
+                layer.post_ffn_norm = w.add(p + "post_ffn_norm", post_ffn)
+            layers.append(layer)
+            if progress:
+                progress((i + 1) / (cfg.n_layers + 1))
+        head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+        out_norm = w.add("output_norm", _vector(g, "output_norm.weight"))
+        lm_head = _store_linear(w, "lm_head", [_matrix(g, head)])
+    finally:
+        w.close()
+    return Weights(layers, out_norm, lm_head, w.tensors)

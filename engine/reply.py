@@ -1,0 +1,150 @@
+"""One reply's decode loop on a sequence: sample, stream text, stop, measure.
+
+Shared by the single-stream `ChatSession` and the concurrent engine: the prompt is already
+prefilled into `seq` (what was reused and what was run is in the arguments), and this loop turns
+the logits after it into `Event`s until a stop, the length limit or a cancel. With a speculative
+decoder it advances by draft-and-verify rounds while `speculate()` allows (the concurrent engine
+allows it only while the sequence runs alone), otherwise by single decode steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import numpy as np
+
+from .events import (
+    Cancelled,
+    Event,
+    Finished,
+    Metrics,
+    MetricsUpdate,
+    SamplingParams,
+    StopReason,
+    TokenDelta,
+)
+from .sampler import Sampler
+from .sequence import Sequence
+from .speculative import SpeculativeDecoder
+from .stop_matcher import StopMatcher
+from .tokenizer import StreamDecoder
+
+__all__ = ["METRICS_INTERVAL_S", "stream_reply"]
+
+METRICS_INTERVAL_S = 0.1  # live metrics at most ~10 Hz
+
+
+def stream_reply(
+    seq: Sequence,
+    logits: np.ndarray,
+    *,
+    ids: list[int],
+    reused: int,
+    params: SamplingParams,
+    prefill_s: float,
+    t_request: float,
+    cancel: threading.Event,
+    detok: StreamDecoder,
+    stop_ids: set[int],
+    speculative: SpeculativeDecoder | None,
+    speculate: Callable[[], bool] | None,
+    metrics: Metrics,
+    clock: Callable[[], float],
+) -> Iterator[Event]:
+    """The events of one reply after its prompt `ids` (`logits`: after the last of them)."""
+    base = replace(
+        metrics,
+        prefill_tokens=len(ids) - reused,
+        prefill_tps=(len(ids) - reused) / prefill_s if prefill_s > 0 else 0.0,
+        prefill_total=len(ids) - reused,
+        reused_tokens=reused,
+        kv_max_capacity=seq.max_capacity,
+    )
+    sampler = Sampler(params, ids)
+    stops = StopMatcher(params.stop)
+    spec = speculative
+    if spec is not None:
+        spec.new_reply()
+    generated = 0
+    t_first = 0.0
+    last_emit = 0.0
+
+    def current(now: float) -> Metrics:
+        decode_s = now - t_first
+        m = replace(
+            base,
+            ttft_s=t_first - t_request,
+            decode_tokens=max(0, generated - 1),
+            decode_tps=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            kv_used=seq.n_past,
+            kv_capacity=seq.capacity,
+        )
+        if spec is None:
+            return m
+        st = spec.stats
+        return replace(
+            m,
+            drafted=st.drafted,
+            accepted=st.accepted,
+            mean_accepted_len=st.mean_accepted_len,
+            draft_k=st.k,
+            draft_time_share=st.draft_time_share,
+            draft=spec.name,
+        )
+
+    stop: StopReason | None = None
+    # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache
+    queue = [sampler.sample(logits)]
+    now = clock()
+    while True:
+        for j, token in enumerate(queue):
+            generated += 1
+            now = clock()
+            if generated == 1:
+                t_first = now
+            if token in stop_ids and not params.ignore_eos:
+                stop = "eos"
+            else:
+                text, hit = stops.feed(detok.push(token))
+                yield TokenDelta(text, (token,))
+                if hit:
+                    stop = "stop_string"
+                elif generated >= params.max_tokens:
+                    stop = "max_tokens"
+            if stop is not None:
+                # like plain decoding, the cache ends before the token that stopped the reply
+                extra = len(queue) - 1 - j
+                if extra > 0:
+                    seq.rollback(seq.n_past - extra)
+                break
+        if stop is not None:
+            break
+        token = queue[-1]
+        if seq.n_past + 1 > seq.max_capacity:
+            stop = "length"
+            break
+        if now - last_emit >= METRICS_INTERVAL_S:
+            last_emit = now
+            yield MetricsUpdate(current(now))
+        if cancel.is_set():
+            break
+        if spec is None or (speculate is not None and not speculate()):
+            logits = seq.decode(token)
+            queue = [sampler.sample(logits)]
+        else:
+            budget = params.max_tokens - generated
+            _, queue = spec.advance(seq, token, sampler, budget)
+    # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
+    # bytes of a half-sampled character are dropped, never stored as U+FFFD
+    cut = stop is None or stop == "max_tokens"
+    tail = stops.flush() + ("" if cut else detok.flush()) if stop != "stop_string" else ""
+    if tail:
+        yield TokenDelta(tail)
+    metrics = current(clock())
+    yield MetricsUpdate(metrics)
+    if stop is None:
+        yield Cancelled(metrics)
+    else:
+        yield Finished(stop, metrics)

@@ -1,0 +1,321 @@
+"""The step scheduler: one thread runs every model step of every running sequence.
+
+Each request runs its reply loop in its own thread (the caller's `generate`), and every model
+step it needs (a prefill, a decode, a verify) is handed to the scheduler, which runs one *engine
+step* at a time:
+
+* one batched decode over every sequence waiting for a decode step (one graph run over their
+  cache rows: the weights are read once for all of them), or
+* one prefill chunk of one waiting sequence (a long prompt is cut into chunks, so it never
+  freezes the other streams), or
+* one verify (speculative decoding runs only while a sequence runs alone).
+
+Before choosing, the scheduler waits a moment (`GATHER_S`) for every registered sequence to
+hand in its next step, so a batch holds all the streams that are running (a reply thread does a
+little host work, sampling and detokenizing, between steps). A sequence that is streaming (its
+last step was a decode) but late is waited for a little longer (`LATE_S`) before a prefill chunk
+runs without it, and chunks stay small while anything streams: on a loaded machine a reply
+thread can miss the first window, and a full chunk would then freeze its stream.
+
+Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
+
+* interactive before background: while an interactive sequence waits to prefill, background
+  sequences are paused (their K/V stays in their rows); background decode rows ride along in an
+  interactive decode batch (a batch row costs far less than a step of its own); a background
+  prefill chunk gets one step in `BACKGROUND_EVERY` while interactive streams decode;
+* decode and prefill alternate when both wait; the chunk is sized from measured times so that
+  it costs about one decode step (`chunk_tokens`), which keeps the longest gap between two tokens
+  of a stream near twice the normal one; with nothing decoding, chunks are the model's full
+  prefill chunk;
+* cancel: a prefill checks its request's cancel event between chunks.
+
+Batched rows must be contiguous in the cache (one `[B, Hkv, C, dh]` view); the scheduler swaps
+rows (`SlotTable.swap`) when the batch's sequences are not, which costs one copy of their rows
+and happens only when the set of running sequences changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from .drafters import ema
+from .errors import NpuchatError, RequestCancelled
+from .model import Model
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SlotTable", "StepScheduler"]
+
+GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
+LATE_S = 0.03  # how long a prefill chunk waits for a streaming sequence's next decode step
+BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
+StepKind = Literal["prefill", "decode", "verify"]
+INTERACTIVE, BACKGROUND = 0, 1
+
+
+@dataclass(eq=False)
+class _Step:
+    seq: Sequence
+    kind: StepKind
+    ids: list[int]
+    priority: int
+    cancel: threading.Event | None
+    order: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: np.ndarray | None = None
+    error: BaseException | None = None
+    offset: int = 0  # prefill: tokens already run
+
+
+class SlotTable:
+    """Which sequence owns which cache row."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.owner: list[Sequence | None] = [None] * model.batch_max
+
+    def swap(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        self.model.swap_rows(a, b)
+        sa, sb = self.owner[a], self.owner[b]
+        self.owner[a], self.owner[b] = sb, sa
+        if sa is not None:
+            sa.row = b
+        if sb is not None:
+            sb.row = a
+
+
+class StepScheduler:
+    """Runs the steps of many sequences on one model from one thread (module doc)."""
+
+    def __init__(
+        self,
+        model: Model,
+        slots: SlotTable,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.model = model
+        self.slots = slots
+        self.clock = clock
+        self.lock = threading.RLock()  # held while a step runs or the cache is edited
+        self._cv = threading.Condition()
+        self._pending: list[_Step] = []
+        self._registered: dict[int, tuple[Sequence, int, threading.Event | None]] = {}
+        self._streaming: dict[int, int] = {}  # id(seq) -> priority, last step a decode/verify
+        self._order = 0
+        self._turn = 0  # engine steps run, for turn-taking
+        self._last: StepKind | None = None
+        self._t_decode: float | None = None  # seconds per batched decode step (EMA)
+        self._t_token: float | None = None  # seconds per prefill token in a chunk (EMA)
+        self._closed = False
+        self.steps: list[tuple[str, object, int]] = []  # (kind, rows or tokens, priority): tests
+        self.record_steps = False
+        self._thread = threading.Thread(target=self._loop, name="npuchat-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ sequences
+
+    def register(self, seq: Sequence, priority: int, cancel: threading.Event | None) -> None:
+        with self._cv:
+            self._registered[id(seq)] = (seq, priority, cancel)
+
+    def unregister(self, seq: Sequence) -> None:
+        with self._cv:
+            self._registered.pop(id(seq), None)
+            self._streaming.pop(id(seq), None)
+            self._cv.notify_all()
+
+    def running(self) -> int:
+        with self._cv:
+            return len(self._registered)
+
+    def alone(self, seq: Sequence) -> bool:
+        """Whether `seq` is the only sequence running (speculation pays only then)."""
+        with self._cv:
+            return len(self._registered) == 1 and id(seq) in self._registered
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ StepRunner
+
+    def prefill(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+        return self._submit(seq, "prefill", ids)
+
+    def decode(self, seq: Sequence, token: int) -> np.ndarray:
+        return self._submit(seq, "decode", [token])
+
+    def verify(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+        return self._submit(seq, "verify", ids)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with self.lock:
+            yield
+
+    def _submit(self, seq: Sequence, kind: StepKind, ids: list[int]) -> np.ndarray:
+        with self._cv:
+            if self._closed:
+                raise NpuchatError("the engine is closed")
+            _, priority, cancel = self._registered.get(id(seq), (seq, INTERACTIVE, None))
+            self._order += 1
+            step = _Step(seq, kind, list(ids), priority, cancel, self._order)
+            self._pending.append(step)
+            if kind == "prefill":
+                self._streaming.pop(id(seq), None)
+            else:
+                self._streaming[id(seq)] = priority
+            if self.record_steps:
+                self.steps.append(("submit", kind, priority))
+            self._cv.notify_all()
+        step.done.wait()
+        if step.error is not None:
+            raise step.error
+        assert step.result is not None
+        return step.result
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    for step in self._pending:
+                        step.error = NpuchatError("the engine is closed")
+                        step.done.set()
+                    return
+                self._gather(GATHER_S, set(self._registered))
+                if all(s.kind == "prefill" for s in self._pending):
+                    self._gather(LATE_S, set(self._streaming))
+                chosen = self._choose()
+                for step in chosen.steps:
+                    if step.kind != "prefill" or chosen.finishes:
+                        self._pending.remove(step)
+            self._run(chosen)
+
+    def _gather(self, wait_s: float, expected: set[int]) -> None:
+        """Wait up to `wait_s` until every sequence in `expected` has a step pending."""
+        deadline = self.clock() + wait_s
+        while not expected <= {id(s.seq) for s in self._pending}:
+            left = deadline - self.clock()
+            if left <= 0 or self._closed:
+                return
+            self._cv.wait(left)
+            expected &= set(self._registered)
+
+    def _choose(self) -> _Choice:
+        pending = sorted(self._pending, key=lambda s: (s.priority, s.order))
+        for step in pending:  # a cancelled prefill is answered at once
+            if step.kind == "prefill" and step.cancel is not None and step.cancel.is_set():
+                return _Choice("cancel", [step], True)
+        verifies = [s for s in pending if s.kind == "verify"]
+        decodes = [s for s in pending if s.kind == "decode"]
+        prefills = [s for s in pending if s.kind == "prefill"]
+        top = pending[0].priority
+        if verifies and verifies[0].priority == top:
+            return _Choice("verify", [verifies[0]], True)
+        if prefills:
+            p = prefills[0]
+            streams = {k: v for k, v in self._streaming.items() if k != id(p.seq)}
+            streams.update({id(d.seq): d.priority for d in decodes})
+            interactive_streams = INTERACTIVE in streams.values()
+            if not streams:
+                return self._prefill_choice(p, full=True)
+            if p.priority == INTERACTIVE and not interactive_streams:
+                return self._prefill_choice(p, full=True)  # background waits (paused)
+            if p.priority == INTERACTIVE or not interactive_streams:
+                if self._last != "prefill" or not decodes:
+                    return self._prefill_choice(p, full=False)
+            elif not decodes or (self._turn % BACKGROUND_EVERY == 0 and self._last == "decode"):
+                return self._prefill_choice(p, full=False)
+        if decodes and (any(d.priority == INTERACTIVE for d in decodes) or top == BACKGROUND):
+            return _Choice("decode", decodes[: self.model.batch_max], True)
+        if verifies:
+            return _Choice("verify", [verifies[0]], True)
+        return self._prefill_choice(prefills[0], full=True)
+
+    def _prefill_choice(self, step: _Step, full: bool) -> _Choice:
+        left = len(step.ids) - step.offset
+        n = left if full else min(left, self.chunk_tokens())
+        n = min(n, self.model.prefill_chunk) if full else n
+        return _Choice("prefill", [step], step.offset + n >= len(step.ids), n)
+
+    def chunk_tokens(self) -> int:
+        """Prefill tokens that cost about one decode step (measured), at least one."""
+        if self._t_decode is None or self._t_token is None or self._t_token <= 0:
+            return min(8, self.model.prefill_chunk)
+        return int(max(1, min(self.model.prefill_chunk, self._t_decode / self._t_token)))
+
+    def _run(self, chosen: _Choice) -> None:
+        self._turn += 1
+        try:
+            with self.lock:
+                if chosen.kind == "cancel":
+                    raise RequestCancelled("cancelled")
+                if chosen.kind == "decode":
+                    self._run_decode(chosen.steps)
+                elif chosen.kind == "verify":
+                    step = chosen.steps[0]
+                    step.result = self.model.verify(step.ids, row=step.seq.row)
+                else:
+                    self._run_prefill(chosen.steps[0], chosen.tokens)
+            self._last = "decode" if chosen.kind == "decode" else "prefill"
+        except BaseException as exc:  # handed to the waiting request thread
+            for step in chosen.steps:
+                step.error = exc
+            if chosen.kind == "prefill" and not chosen.finishes:
+                with self._cv:
+                    if chosen.steps[0] in self._pending:
+                        self._pending.remove(chosen.steps[0])
+                chosen.finishes = True
+        if chosen.finishes:
+            for step in chosen.steps:
+                step.done.set()
+
+    def _run_decode(self, steps: list[_Step]) -> None:
+        slots = self.slots
+        for i, step in enumerate(sorted(steps, key=lambda s: s.seq.row)):
+            slots.swap(step.seq.row, i)  # the batch's rows become 0..B-1
+        steps.sort(key=lambda s: s.seq.row)
+        t0 = self.clock()
+        logits = self.model.decode_batch([s.ids[0] for s in steps], first_row=0)
+        self._t_decode = ema(self._t_decode, self.clock() - t0, 0.3)
+        for j, step in enumerate(steps):
+            step.result = logits[j]
+        if self.record_steps:
+            self.steps.append(("decode", len(steps), min(s.priority for s in steps)))
+
+    def _run_prefill(self, step: _Step, n: int) -> None:
+        chunk = step.ids[step.offset : step.offset + n]
+        t0 = self.clock()
+        logits = self.model.prefill(chunk, row=step.seq.row)
+        if len(chunk) >= 2:
+            self._t_token = ema(self._t_token, (self.clock() - t0) / len(chunk), 0.3)
+        step.offset += n
+        step.result = logits
+        if self.record_steps:
+            self.steps.append(("prefill", n, step.priority))
+
+
+@dataclass
+class _Choice:
+    kind: Literal["prefill", "decode", "verify", "cancel"]
+    steps: list[_Step]
+    finishes: bool  # the steps are answered after this engine step
+    tokens: int = 0  # prefill: tokens in this chunk

@@ -1,0 +1,150 @@
+"""A sequence: the tokens whose K/V fill one row of a model's cache, and their one owner.
+
+Everything that reads or moves "which tokens are in the cache" goes through a `Sequence`: the
+conversation session, the speculative decoder (its context is `tokens`; verify appends, the
+rollback after acceptance truncates) and the draft model's drafter (a sequence on the draft
+model). Each operation changes the row's K/V and `tokens` together, so the two cannot disagree.
+
+Steps run through a `StepRunner`: `DirectRunner` calls the model at once (one thread, the
+single-conversation session); the concurrent engine's scheduler runs them from its own thread,
+batching the decode steps of several sequences into one graph run and interleaving prefill
+chunks (`scheduler`). The row can change while the sequence waits (the scheduler swaps rows so a
+batch's rows are contiguous); host-side edits of the cache (rollback, export, import) take the
+runner's lock so they never overlap a step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from .kvcache import KVSnapshot
+
+if TYPE_CHECKING:
+    from .model import Model
+
+__all__ = ["DirectRunner", "Sequence", "StepRunner"]
+
+
+class StepRunner(Protocol):
+    """Who runs a sequence's model steps (module doc)."""
+
+    def prefill(self, seq: Sequence, ids: list[int]) -> np.ndarray: ...
+
+    def decode(self, seq: Sequence, token: int) -> np.ndarray: ...
+
+    def verify(self, seq: Sequence, ids: list[int]) -> np.ndarray: ...
+
+    def locked(self) -> AbstractContextManager[None]: ...
+
+
+class DirectRunner:
+    """Runs steps on the calling thread (one sequence per model at a time)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def prefill(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+        with self._lock:
+            return seq.model.prefill(ids, row=seq.row)
+
+    def decode(self, seq: Sequence, token: int) -> np.ndarray:
+        with self._lock:
+            return seq.model.decode(token, row=seq.row)
+
+    def verify(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+        with self._lock:
+            return seq.model.verify(ids, row=seq.row)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+
+class Sequence:
+    """`tokens` are exactly the tokens whose K/V are in row `row` of `model`'s cache."""
+
+    def __init__(self, model: Model, row: int = 0, runner: StepRunner | None = None) -> None:
+        self.model = model
+        self.row = row
+        self.runner: StepRunner = runner if runner is not None else DirectRunner()
+        self.tokens: list[int] = []
+
+    # the single-sequence interface the speculative decoder and the drafters use
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self.model.capacity
+
+    @property
+    def max_capacity(self) -> int:
+        return self.model.max_capacity
+
+    @property
+    def verify_k(self) -> int:
+        return self.model.verify_k
+
+    def prefill(self, ids: Seq[int]) -> np.ndarray:
+        """Append `ids`; the logits after the last one."""
+        ids = [int(t) for t in ids]
+        try:
+            logits = self.runner.prefill(self, ids)
+        except BaseException:
+            self.resync()  # a prefill stopped between chunks (cancel, error) keeps no rows
+            raise
+        self.tokens.extend(ids)
+        return logits
+
+    def decode(self, token: int) -> np.ndarray:
+        try:
+            logits = self.runner.decode(self, int(token))
+        except BaseException:
+            self.resync()
+            raise
+        self.tokens.append(int(token))
+        return logits
+
+    def verify(self, ids: Seq[int]) -> np.ndarray:
+        """Append up to k+1 tokens; logits for each (roll back what is rejected)."""
+        ids = [int(t) for t in ids]
+        try:
+            rows = self.runner.verify(self, ids)
+        except BaseException:
+            self.resync()
+            raise
+        self.tokens.extend(ids)
+        return rows
+
+    def resync(self) -> None:
+        """The row holds exactly `tokens` again: after a failed step, or after code that moved
+        the model's row directly (benchmarks time raw steps on a session's model)."""
+        with self.runner.locked():
+            n = min(len(self.tokens), self.model.length(self.row))
+            self.model.rollback(n, row=self.row)
+            del self.tokens[n:]
+
+    def rollback(self, n: int) -> None:
+        with self.runner.locked():
+            self.model.rollback(n, row=self.row)
+            del self.tokens[n:]
+
+    def kv_export(self, start: int, end: int) -> KVSnapshot:
+        with self.runner.locked():
+            return self.model.kv_export(start, end, row=self.row)
+
+    def adopt(self, snapshot: KVSnapshot, tokens: Seq[int]) -> None:
+        """Replace the row's contents with a stored prefix: rows `[0, snapshot.length)` of
+        `tokens` (a prefix-store hit)."""
+        with self.runner.locked():
+            self.model.rollback(0, row=self.row)
+            self.model.kv_import(snapshot, 0, row=self.row)
+            self.tokens = [int(t) for t in tokens[: snapshot.length]]

@@ -1,0 +1,300 @@
+"""The concurrent engine on synthetic models: batched decode equals decoding alone, bit for bit
+and against the numpy reference; priorities, cancellation, the bounded queue, and a stress test
+of many requests with nothing lost or mixed up."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from reference_forward import ReferenceModel
+from synthetic import ARCHS, synthetic_gguf, write_synthetic_gguf  # noqa: F401  (fixture)
+
+from npuchat.engine.concurrent_engine import ConcurrentEngine
+from npuchat.engine.events import (
+    Cancelled,
+    ChatMessage,
+    ChatRequest,
+    Event,
+    Failed,
+    Finished,
+    SamplingParams,
+    TokenDelta,
+)
+from npuchat.engine.model import Model
+from npuchat.engine.scheduler import BACKGROUND, INTERACTIVE
+from npuchat.engine.session import ChatSession
+
+STEPS = 12
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, vocab, n)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_decode_equals_decoding_alone(synthetic_gguf, tmp_path: Path, arch: str) -> None:  # noqa: F811
+    """Three sequences of different lengths decoded together in one batch give, row by row,
+    the logits each gives alone (bit for bit, the production int8 path), and both agree with
+    the numpy reference forward pass."""
+    path = synthetic_gguf(arch, "q4_k")
+    kw = {"cache_dir": tmp_path, "capacities": [64], "prefill_chunk": 16}
+    prompts = [_prompt(200, n, seed) for seed, n in enumerate((5, 11, 17))]
+    alone: list[list[np.ndarray]] = []
+    with Model.load(path, **kw) as m:
+        for p in prompts:
+            m.rollback(0)
+            rows = [m.prefill(p)]
+            for _ in range(STEPS):
+                rows.append(m.decode(int(np.argmax(rows[-1]))))
+            alone.append(rows)
+    with Model.load(path, batch_max=4, **kw) as m:
+        batched = [[m.prefill(p, row=r)] for r, p in enumerate(prompts)]
+        for _ in range(STEPS):
+            tokens = [int(np.argmax(rows[-1])) for rows in batched]
+            out = m.decode_batch(tokens, first_row=0)
+            for rows, logits in zip(batched, out, strict=True):
+                rows.append(logits)
+        assert [m.length(r) for r in range(4)] == [len(p) + STEPS for p in prompts] + [0]
+    ref = ReferenceModel(path)
+    for p, want, got in zip(prompts, alone, batched, strict=True):
+        for a, b in zip(want, got, strict=True):
+            np.testing.assert_array_equal(a, b)
+        seq = p + [int(np.argmax(r)) for r in got[:-1]]
+        expect = ref.logits(seq)[len(p) - 1 :]
+        scale = float(np.abs(expect).max())
+        err = float(np.abs(np.stack(got) - expect).max()) / scale
+        assert err <= 4e-2, f"{arch}: batched logits differ from the reference by {err:.2e}"
+
+
+def test_rows_swap_with_their_contents(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+    """Swapping two KV slots moves each sequence's K/V with it: decoding continues exactly."""
+    path = synthetic_gguf("llama", "q8_0")
+    with Model.load(path, cache_dir=tmp_path, capacities=[64], batch_max=2) as m:
+        a, b = _prompt(200, 7, 1), _prompt(200, 12, 2)
+        la, lb = m.prefill(a, row=0), m.prefill(b, row=1)
+        want = m.decode_batch([int(np.argmax(la)), int(np.argmax(lb))])
+        m.rollback(len(a), row=0)
+        m.rollback(len(b), row=1)
+        m.swap_rows(0, 1)
+        assert (m.length(0), m.length(1)) == (len(b), len(a))
+        got = m.decode_batch([int(np.argmax(lb)), int(np.argmax(la))])
+        np.testing.assert_array_equal(got[::-1], want)
+
+
+# --------------------------------------------------------------------------- the engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def chat_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_gguf(tmp_path_factory.mktemp("m") / "chat.gguf", "qwen2", seed=7)
+
+
+def _engine(path: Path, cache: Path, batch_max: int = 4, **kw: object) -> ConcurrentEngine:
+    session = ChatSession.open(
+        path,
+        name="synthetic",
+        cache_dir=cache,
+        capacities=[128, 512],
+        prefill_chunk=16,
+        batch_max=batch_max,
+    )
+    return ConcurrentEngine(session, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def engine(chat_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConcurrentEngine]:
+    e = _engine(chat_path, tmp_path_factory.mktemp("cache"))
+    yield e
+    e.close()
+
+
+def _req(conv: str, text: str, priority: str = "interactive", **kw: object) -> ChatRequest:
+    sampling = SamplingParams(**{**GREEDY.__dict__, **kw})  # type: ignore[arg-type]
+    return ChatRequest(conv, "", (ChatMessage("user", text),), sampling, priority)  # type: ignore[arg-type]
+
+
+def _ids(events: list[Event]) -> list[int]:
+    return [i for e in events if isinstance(e, TokenDelta) for i in e.ids]
+
+
+class _Stream(threading.Thread):
+    """One request consumed in its own thread, as a front end does."""
+
+    def __init__(self, engine: ConcurrentEngine, req: ChatRequest, cancel_after: int = -1) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.req, self.cancel_after = engine, req, cancel_after
+        self.cancel = threading.Event()
+        self.events: list[Event] = []
+        self.first_token_at = 0.0
+
+    def run(self) -> None:
+        for ev in self.engine.generate(self.req, self.cancel):
+            self.events.append(ev)
+            if isinstance(ev, TokenDelta) and ev.ids and not self.first_token_at:
+                self.first_token_at = time.perf_counter()
+            if 0 <= self.cancel_after <= len(_ids(self.events)):
+                self.cancel.set()
+
+
+def _words(seed: int, n: int) -> str:
+    rng = random.Random(seed)
+    vocab = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "lazy",
+        "dog",
+        "hello",
+        "world",
+        "model",
+        "token",
+    ]
+    return " ".join(rng.choice(vocab) for _ in range(n))
+
+
+def test_stress_many_requests_nothing_lost_or_mixed_up(chat_path: Path, tmp_path: Path) -> None:
+    """8 requests of random lengths, started together, some cancelled at random points: each
+    finished stream is exactly the same request run alone; each cancelled one is a prefix."""
+    rng = random.Random(4)
+    reqs = [
+        _req(f"c{i}", _words(i, rng.randint(3, 60)), max_tokens=rng.randint(4, 30))
+        for i in range(8)
+    ]
+    cancels = [rng.choice([-1, -1, rng.randint(0, 6)]) for _ in reqs]
+    engine = _engine(chat_path, tmp_path / "a", max_queue=8)
+    try:
+        streams = [_Stream(engine, r, c) for r, c in zip(reqs, cancels, strict=True)]
+        rng.shuffle(streams)
+        for s in streams:
+            s.start()
+        for s in streams:
+            s.join(timeout=120)
+            assert not s.is_alive()
+        assert engine.scheduler.running() == 0
+    finally:
+        engine.close()
+    alone_engine = _engine(chat_path, tmp_path / "b", batch_max=1)
+    try:
+        for s in streams:
+            want = _ids(list(alone_engine.generate(s.req, threading.Event())))
+            got = _ids(s.events)
+            terminal = s.events[-1]
+            if isinstance(terminal, Finished):
+                assert got == want, f"{s.req.conversation_id}: {got} != alone {want}"
+            else:
+                assert isinstance(terminal, Cancelled) and s.cancel_after >= 0
+                assert got == want[: len(got)]
+    finally:
+        alone_engine.close()
+
+
+def test_background_yields_to_interactive_within_one_step(engine: ConcurrentEngine) -> None:
+    """While a background reply decodes, an interactive request's prefill runs at once: at most
+    one engine step of background work happens between its arrival and its first prefill."""
+    sched = engine.scheduler
+    bg = _Stream(engine, _req("bg", _words(1, 20), "background", max_tokens=200))
+    bg.start()
+    while not _ids(bg.events):
+        time.sleep(0.005)
+    sched.steps.clear()
+    sched.record_steps = True
+    fg = _Stream(engine, _req("fg", _words(2, 120), max_tokens=4))
+    fg.start()
+    fg.join(timeout=60)
+    sched.record_steps = False
+    bg.cancel.set()
+    bg.join(timeout=60)
+    assert isinstance(fg.events[-1], Finished)
+    log = list(sched.steps)
+    start = next(i for i, s in enumerate(log) if s == ("submit", "prefill", INTERACTIVE))
+    first = next(i for i, s in enumerate(log) if s[0] == "prefill" and s[2] == INTERACTIVE)
+    between = [s for s in log[start + 1 : first] if s[0] != "submit"]
+    assert len(between) <= 1, between
+    # until the interactive prefill is done, background runs only alongside interactive work
+    done = next(i for i, s in enumerate(log) if s[0] == "decode" and s[2] == INTERACTIVE)
+    assert all(s[2] != BACKGROUND or s[0] == "submit" for s in log[first:done])
+    assert isinstance(bg.events[-1], Cancelled)
+
+
+def test_cancel_frees_the_slot_at_once(chat_path: Path, tmp_path: Path) -> None:
+    """With one slot taken by a long reply, a second request waits; cancelling the first lets
+    the second start right away."""
+    engine = _engine(chat_path, tmp_path, batch_max=1)
+    try:
+        long = _Stream(engine, _req("a", _words(3, 10), max_tokens=400))
+        long.start()
+        while not _ids(long.events):
+            time.sleep(0.005)
+        second = _Stream(engine, _req("b", _words(4, 10), max_tokens=3))
+        second.start()
+        time.sleep(0.2)
+        assert not second.events, "the second request ran while the only slot was busy"
+        t0 = time.perf_counter()
+        long.cancel.set()
+        second.join(timeout=30)
+        assert isinstance(long.events[-1], Cancelled)
+        assert isinstance(second.events[-1], Finished)
+        assert second.first_token_at - t0 < 2.0
+    finally:
+        engine.close()
+
+
+def test_full_queue_answers_busy(chat_path: Path, tmp_path: Path) -> None:
+    """One slot, a queue of one: a third request is refused at once with kind "busy"."""
+    engine = _engine(chat_path, tmp_path, batch_max=1, max_queue=1)
+    try:
+        running = _Stream(engine, _req("a", _words(5, 10), max_tokens=400))
+        running.start()
+        while not _ids(running.events):
+            time.sleep(0.005)
+        waiting = _Stream(engine, _req("b", _words(6, 10), max_tokens=2))
+        waiting.start()
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        third = list(engine.generate(_req("c", "hello"), threading.Event()))
+        assert time.perf_counter() - t0 < 1.0
+        assert len(third) == 1 and isinstance(third[0], Failed) and third[0].kind == "busy"
+        running.cancel.set()
+        waiting.join(timeout=30)
+        assert isinstance(waiting.events[-1], Finished)
+    finally:
+        engine.close()
+
+
+def test_conversation_keeps_its_kv_across_others(chat_path: Path, tmp_path: Path) -> None:
+    """Two slots, three conversations: the first one's next turn after the other two ran
+    reuses its whole history (from its row or paged back in from the prefix store)."""
+    engine = _engine(chat_path, tmp_path, batch_max=2)
+    try:
+        first = _req("one", _words(7, 80), max_tokens=6)
+        events = list(engine.generate(first, threading.Event()))
+        reply = "".join(e.text for e in events if isinstance(e, TokenDelta))
+        for conv in ("two", "three"):
+            list(engine.generate(_req(conv, _words(8, 40), max_tokens=6), threading.Event()))
+        follow = ChatRequest(
+            "one",
+            "",
+            (
+                *first.messages,
+                ChatMessage("assistant", reply),
+                ChatMessage("user", "and then?"),
+            ),
+            GREEDY,
+        )
+        final = list(engine.generate(follow, threading.Event()))[-1]
+        assert isinstance(final, Finished)
+        history = len(engine.session.prompt_ids("", first.messages))
+        assert final.metrics.reused_tokens >= history
+    finally:
+        engine.close()
