@@ -241,7 +241,11 @@ class PrefixStore:
         return tokens, snap
 
     def _disk_best(self, tokens: Sequence[int], limit: int, beat: int) -> PrefixHit | None:
-        """A persisted prefix longer than `beat` rows that `tokens` starts with, if any."""
+        """The persisted entry sharing the longest prefix (more than `beat` rows) with `tokens`.
+
+        Like a RAM entry, a stored one may be used partially (rows `[0, lcp)`): a conversation
+        paged out with its last reply's tokens shares with its next turn's prompt everything
+        up to where the re-rendered reply differs."""
         if self.disk_dir is None or not self.disk_dir.is_dir():
             return None
         best: tuple[int, Path] | None = None
@@ -250,12 +254,12 @@ class PrefixStore:
             if header is None:
                 continue
             stored = header["tokens"]
-            fits = beat < len(stored) <= limit and list(tokens[: len(stored)]) == stored
-            if fits and (best is None or len(stored) > best[0]):
-                best = (len(stored), head)
+            n = min(common_prefix_len(stored, tokens), limit)
+            if n > beat and (best is None or n > best[0]):
+                best = (n, head)
         if best is None:
             return None
-        head = best[1]
+        n, head = best
         read = self._read(head, head.with_suffix(".npz"))
         if read is None:
             return None
@@ -267,7 +271,8 @@ class PrefixStore:
             ),
             pinned=True,
         )
-        return PrefixHit(len(stored), snap, "disk")
+        rows = KVSnapshot(0, [a[:, :, :n] for a in snap.k], [a[:, :, :n] for a in snap.v])
+        return PrefixHit(n, rows, "disk")
 
 
 def _snapshot(data: bytes, layers: int, length: int) -> KVSnapshot | None:

@@ -298,3 +298,31 @@ def test_conversation_keeps_its_kv_across_others(chat_path: Path, tmp_path: Path
         assert final.metrics.reused_tokens >= history
     finally:
         engine.close()
+
+
+def test_long_conversation_survives_a_restart(chat_path: Path, tmp_path: Path) -> None:
+    """A long conversation's KV is written to disk when the engine closes; a new engine (a
+    restart) continuing it imports its history instead of prefilling it."""
+    first = _req("long", _words(9, 110), max_tokens=4)
+    engine = _engine(chat_path, tmp_path)
+    try:
+        events = list(engine.generate(first, threading.Event()))
+        assert isinstance(events[-1], Finished)
+        history = len(engine.session.prompt_ids("", first.messages))
+        assert 256 <= history < 400
+    finally:
+        engine.close()
+    reply = "".join(e.text for e in events if isinstance(e, TokenDelta))
+    follow = ChatRequest(
+        "long",
+        "",
+        (*first.messages, ChatMessage("assistant", reply), ChatMessage("user", "more?")),
+        GREEDY,
+    )
+    again = _engine(chat_path, tmp_path)
+    try:
+        final = list(again.generate(follow, threading.Event()))[-1]
+    finally:
+        again.close()
+    assert isinstance(final, Finished)
+    assert final.metrics.reused_tokens >= history - 1
