@@ -140,8 +140,16 @@ def long_text(engine: ConcurrentEngine, tokens: int) -> str:
     return " ".join(text)
 
 
+class Figures(dict[str, float]):
+    """Prints each figure as it is measured, so a long run that fails late keeps what it had."""
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        print(f"  {key:34s} {value:10.3f}", flush=True)
+
+
 def measure(path: Path, cache: Path, threads: int, tokens: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+    out = Figures()
     engine = open_engine(path, cache, 4, threads, [512, 1024, 2048, 4096])
     try:
         list(engine.generate(request("warm", "hi", 4), threading.Event()))  # graphs built
@@ -247,17 +255,14 @@ def main() -> None:
     report = {}
     for name in args.model or ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]:
         path = model_path(name)
+        print(name, flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             cache = Path(tmp)
             figures = measure(path, cache, args.threads, args.tokens)
             for slots in (1, 4):
                 for key, value in rss(path, cache, slots, args.threads).items():
                     figures[f"{key}_{slots}slot_4096"] = value
-        report[name] = figures
-        print(name)
-        for key, value in figures.items():
-            print(f"  {key:34s} {value:10.3f}")
-        sys.stdout.flush()
+        report[name] = dict(figures)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 
