@@ -13,9 +13,10 @@ step* at a time:
 Before choosing, the scheduler waits a moment (`GATHER_S`) for every registered sequence to
 hand in its next step, so a batch holds all the streams that are running (a reply thread does a
 little host work, sampling and detokenizing, between steps). A sequence that is streaming (its
-last step was a decode) but late is waited for a little longer (`LATE_S`) before a prefill chunk
-runs without it, and chunks stay small while anything streams: on a loaded machine a reply
-thread can miss the first window, and a full chunk would then freeze its stream.
+last step was a decode) is waited for longer (`LATE_S`) than one that is still building its
+prompt, and chunks stay small while anything streams: on a loaded machine a reply thread can
+miss a short window, and the step would then run without it (a smaller batch, or a prefill
+chunk that freezes its stream).
 
 Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
 
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 __all__ = ["SlotTable", "StepScheduler"]
 
 GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
-LATE_S = 0.03  # how long a prefill chunk waits for a streaming sequence's next decode step
+LATE_S = 0.03  # how long a step waits for a streaming sequence's next decode step
 BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
 StepKind = Literal["prefill", "decode", "verify"]
 INTERACTIVE, BACKGROUND = 0, 1
@@ -200,9 +201,8 @@ class StepScheduler:
                         step.error = NpuchatError("the engine is closed")
                         step.done.set()
                     return
+                self._gather(LATE_S, set(self._streaming))
                 self._gather(GATHER_S, set(self._registered))
-                if all(s.kind == "prefill" for s in self._pending):
-                    self._gather(LATE_S, set(self._streaming))
                 chosen = self._choose()
                 for step in chosen.steps:
                     if step.kind != "prefill" or chosen.finishes:
