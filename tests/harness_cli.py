@@ -16,7 +16,7 @@ from npuchat.app import run_command
 from npuchat.app.cli import main
 from npuchat.engine.events import ChatRequest, Event, TokenDelta
 
-_open_engine = run_command.open_engine
+_open_engine = run_command.open_concurrent_engine
 
 
 def _slow_open_engine(*args: Any, **kwargs: Any) -> Any:
@@ -38,7 +38,7 @@ def _slow_open_engine(*args: Any, **kwargs: Any) -> Any:
     return engine
 
 
-run_command.open_engine = _slow_open_engine  # type: ignore[assignment]
+run_command.open_concurrent_engine = _slow_open_engine  # type: ignore[assignment]
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
