@@ -128,9 +128,12 @@ def _ids(events: list[Event]) -> list[int]:
 class _Stream(threading.Thread):
     """One request consumed in its own thread, as a front end does."""
 
-    def __init__(self, engine: ConcurrentEngine, req: ChatRequest, cancel_after: int = -1) -> None:
+    def __init__(
+        self, engine: ConcurrentEngine, req: ChatRequest, cancel_after: int = -1, delay: float = 0
+    ) -> None:
         super().__init__(daemon=True)
         self.engine, self.req, self.cancel_after = engine, req, cancel_after
+        self.delay = delay  # a slow consumer: the reply outlasts the test's checks
         self.cancel = threading.Event()
         self.events: list[Event] = []
         self.first_token_at = 0.0
@@ -138,6 +141,7 @@ class _Stream(threading.Thread):
     def run(self) -> None:
         for ev in self.engine.generate(self.req, self.cancel):
             self.events.append(ev)
+            time.sleep(self.delay)
             if isinstance(ev, TokenDelta) and ev.ids and not self.first_token_at:
                 self.first_token_at = time.perf_counter()
             if 0 <= self.cancel_after <= len(_ids(self.events)):
@@ -203,7 +207,7 @@ def test_background_yields_to_interactive_within_one_step(engine: ConcurrentEngi
     """While a background reply decodes, an interactive request's prefill runs at once: at most
     one engine step of background work happens between its arrival and its first prefill."""
     sched = engine.scheduler
-    bg = _Stream(engine, _req("bg", _words(1, 20), "background", max_tokens=200))
+    bg = _Stream(engine, _req("bg", _words(1, 20), "background", max_tokens=200, ignore_eos=True))
     bg.start()
     while not _ids(bg.events):
         time.sleep(0.005)
@@ -221,9 +225,9 @@ def test_background_yields_to_interactive_within_one_step(engine: ConcurrentEngi
     first = next(i for i, s in enumerate(log) if s[0] == "prefill" and s[2] == INTERACTIVE)
     between = [s for s in log[start + 1 : first] if s[0] != "submit"]
     assert len(between) <= 1, between
-    # until the interactive prefill is done, background runs only alongside interactive work
-    done = next(i for i, s in enumerate(log) if s[0] == "decode" and s[2] == INTERACTIVE)
-    assert all(s[2] != BACKGROUND or s[0] == "submit" for s in log[first:done])
+    # until the interactive prefill is done, background work is paused
+    done = max(i for i, s in enumerate(log) if s[0] == "prefill" and s[2] == INTERACTIVE)
+    assert all(s[2] != BACKGROUND or s[0] == "submit" for s in log[first : done + 1])
     assert isinstance(bg.events[-1], Cancelled)
 
 
@@ -232,7 +236,9 @@ def test_cancel_frees_the_slot_at_once(chat_path: Path, tmp_path: Path) -> None:
     the second start right away."""
     engine = _engine(chat_path, tmp_path, batch_max=1)
     try:
-        long = _Stream(engine, _req("a", _words(3, 10), max_tokens=400))
+        long = _Stream(
+            engine, _req("a", _words(3, 10), max_tokens=400, ignore_eos=True), delay=0.01
+        )
         long.start()
         while not _ids(long.events):
             time.sleep(0.005)
@@ -254,7 +260,9 @@ def test_full_queue_answers_busy(chat_path: Path, tmp_path: Path) -> None:
     """One slot, a queue of one: a third request is refused at once with kind "busy"."""
     engine = _engine(chat_path, tmp_path, batch_max=1, max_queue=1)
     try:
-        running = _Stream(engine, _req("a", _words(5, 10), max_tokens=400))
+        running = _Stream(
+            engine, _req("a", _words(5, 10), max_tokens=400, ignore_eos=True), delay=0.01
+        )
         running.start()
         while not _ids(running.events):
             time.sleep(0.005)
