@@ -13,8 +13,9 @@ step* at a time:
 Before choosing, the scheduler waits a moment (`GATHER_S`) for every registered sequence to
 hand in its next step, so a batch holds all the streams that are running (a reply thread does a
 little host work, sampling and detokenizing, between steps). A sequence that is streaming (its
-last step was a decode) is waited for longer (`LATE_S`) than one that is still building its
-prompt, and chunks stay small while anything streams: on a loaded machine a reply thread can
+last step was a decode), or whose prompt comes in parts (`Sequence.prefill(more=True)`: the
+session reports progress between parts), is waited for longer (`LATE_S`) than one that has not
+handed in its first step, and chunks stay small while anything streams: on a loaded machine a reply thread can
 miss a short window, and the step would then run without it (a smaller batch, or a prefill
 chunk that freezes its stream).
 
@@ -114,6 +115,7 @@ class StepScheduler:
         self._pending: list[_Step] = []
         self._registered: dict[int, tuple[Sequence, int, threading.Event | None]] = {}
         self._streaming: dict[int, int] = {}  # id(seq) -> priority, last step a decode/verify
+        self._prompting: dict[int, bool] = {}  # id(seq): more of its prompt is coming
         self._order = 0
         self._turn = 0  # engine steps run, for turn-taking
         self._last: StepKind | None = None
@@ -135,6 +137,7 @@ class StepScheduler:
         with self._cv:
             self._registered.pop(id(seq), None)
             self._streaming.pop(id(seq), None)
+            self._prompting.pop(id(seq), None)
             self._cv.notify_all()
 
     def running(self) -> int:
@@ -154,7 +157,12 @@ class StepScheduler:
 
     # ------------------------------------------------------------------ StepRunner
 
-    def prefill(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+    def prefill(self, seq: Sequence, ids: list[int], more: bool = False) -> np.ndarray:
+        with self._cv:
+            if more:  # the rest of its prompt follows: wait for it as for a stream
+                self._prompting[id(seq)] = True
+            else:
+                self._prompting.pop(id(seq), None)
         return self._submit(seq, "prefill", ids)
 
     def decode(self, seq: Sequence, token: int) -> np.ndarray:
@@ -201,7 +209,7 @@ class StepScheduler:
                         step.error = NpuchatError("the engine is closed")
                         step.done.set()
                     return
-                self._gather(LATE_S, set(self._streaming))
+                self._gather(LATE_S, set(self._streaming) | set(self._prompting))
                 self._gather(GATHER_S, set(self._registered))
                 chosen = self._choose()
                 for step in chosen.steps:

@@ -34,7 +34,7 @@ __all__ = ["DirectRunner", "Sequence", "StepRunner"]
 class StepRunner(Protocol):
     """Who runs a sequence's model steps (module doc)."""
 
-    def prefill(self, seq: Sequence, ids: list[int]) -> np.ndarray: ...
+    def prefill(self, seq: Sequence, ids: list[int], more: bool = False) -> np.ndarray: ...
 
     def decode(self, seq: Sequence, token: int) -> np.ndarray: ...
 
@@ -49,7 +49,7 @@ class DirectRunner:
     def __init__(self) -> None:
         self._lock = threading.RLock()
 
-    def prefill(self, seq: Sequence, ids: list[int]) -> np.ndarray:
+    def prefill(self, seq: Sequence, ids: list[int], more: bool = False) -> np.ndarray:
         with self._lock:
             return seq.model.prefill(ids, row=seq.row)
 
@@ -93,11 +93,12 @@ class Sequence:
     def verify_k(self) -> int:
         return self.model.verify_k
 
-    def prefill(self, ids: Seq[int]) -> np.ndarray:
-        """Append `ids`; the logits after the last one."""
+    def prefill(self, ids: Seq[int], more: bool = False) -> np.ndarray:
+        """Append `ids`; the logits after the last one. `more`: the caller prefills the next
+        part of the same prompt right after this one (the scheduler keeps the turn for it)."""
         ids = [int(t) for t in ids]
         try:
-            logits = self.runner.prefill(self, ids)
+            logits = self.runner.prefill(self, ids, more)
         except BaseException:
             self.resync()  # a prefill stopped between chunks (cancel, error) keeps no rows
             raise

@@ -431,8 +431,8 @@ class ChatSession:
         step = self.model.prefill_chunk
         logits = None
         for start in range(0, len(todo), step):
-            logits = seq.prefill(todo[start : start + step])
             done = min(len(todo), start + step)
+            logits = seq.prefill(todo[start:done], more=done < len(todo))
             if done < len(todo):  # a long prompt: say how far its prefill is
                 elapsed = clock() - t_prefill
                 yield MetricsUpdate(
