@@ -69,7 +69,9 @@ class ConcurrentEngine:
         self._last_used: dict[int, float] = {}
         self._queue: list[tuple[int, int]] = []  # (priority, ticket) of waiting requests
         self._ticket = 0
-        self._store = threading.Lock()  # the prefix store and the session's caches
+        # The prefix store and the session's caches. Lock order: `_cv`, then `_store`, then the
+        # scheduler's lock (the session takes the last two in that order too).
+        self._store = threading.RLock()
         self._closed = threading.Event()
         self.warm_ticks = 0
         if keep_warm_s > 0 and session.device == "cpu":
@@ -191,24 +193,29 @@ class ConcurrentEngine:
                 self._cv.notify_all()
 
     def _take_row(self, conv: str) -> Sequence | None:
-        """The conversation's resident sequence, a free row, or an evicted idle one's row."""
+        """The conversation's resident sequence, a free row, or an evicted idle one's row.
+
+        Called with `_cv` held. The row is chosen, emptied and given its new owner under the
+        scheduler's lock: a batched decode swaps rows (and their owners) between steps, so a
+        row number read outside it may already belong to a running sequence.
+        """
         seq = self._resident.get(conv) if conv else None
         if seq is not None and id(seq) not in self._running:
             return seq
-        owner = self.slots.owner
-        row = next((r for r, s in enumerate(owner) if s is None), None)
-        if row is None:
-            idle = [s for s in owner if s is not None and id(s) not in self._running]
-            if not idle:
-                return None
-            victim = min(idle, key=lambda s: self._last_used.get(id(s), 0.0))
-            self._page_out(victim, persist=len(victim.tokens) >= PERSIST_MIN_TOKENS)
-            row = victim.row
-            self._forget(victim)
-        new = Sequence(self.model, row, self.scheduler)
-        with self.scheduler.lock:
+        with self._store, self.scheduler.lock:
+            owner = self.slots.owner
+            row = next((r for r, s in enumerate(owner) if s is None), None)
+            if row is None:
+                idle = [s for s in owner if s is not None and id(s) not in self._running]
+                if not idle:
+                    return None
+                victim = min(idle, key=lambda s: self._last_used.get(id(s), 0.0))
+                self._page_out(victim, persist=len(victim.tokens) >= PERSIST_MIN_TOKENS)
+                row = victim.row
+                self._forget(victim)
+            new = Sequence(self.model, row, self.scheduler)
             self.model.rollback(0, row=row)
-        owner[row] = new
+            owner[row] = new
         if conv and conv not in self._resident:
             self._resident[conv] = new
             self._conversation[id(new)] = conv
@@ -226,7 +233,7 @@ class ConcurrentEngine:
         if not seq.tokens:
             return
         try:
-            with self._store:
+            with self._store, self.scheduler.lock:
                 self.session.prefixes.put(seq.tokens, seq.kv_export)
                 if persist:
                     self.session.prefixes.persist(seq.tokens, seq.kv_export)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -350,7 +350,7 @@ class ChatSession:
         *,
         sampling: SamplingParams | None = None,
         speculate: Callable[[], bool] | None = None,
-        store_lock: threading.Lock | None = None,
+        store_lock: AbstractContextManager[object] | None = None,
         t_request: float | None = None,
     ) -> Iterator[Event]:
         """One reply on `seq` (this session's own, or a KV slot of the concurrent engine).
@@ -400,7 +400,7 @@ class ChatSession:
         cancel: threading.Event,
         sampling: SamplingParams | None,
         speculate: Callable[[], bool] | None,
-        store_lock: threading.Lock | None,
+        store_lock: AbstractContextManager[object] | None,
         t_request: float,
     ) -> Iterator[Event]:
         clock = self._clock

@@ -338,3 +338,52 @@ def test_long_conversation_survives_a_restart(chat_path: Path, tmp_path: Path) -
         again.close()
     assert isinstance(final, Finished)
     assert final.metrics.reused_tokens >= history - 1
+
+
+def test_conversations_revisited_while_others_stream(chat_path: Path, tmp_path: Path) -> None:
+    """More conversations than slots, each coming back for later turns while others stream:
+    rows are evicted (paged out), swapped into batches and taken again all the time, and every
+    reply still equals the same request run alone (greedy), token for token."""
+    rng = random.Random(11)
+    n_conv, turns, clients = 12, 3, 6
+    engine = _engine(chat_path, tmp_path / "a", batch_max=4, max_queue=16)
+    done: list[tuple[ChatRequest, list[int]]] = []
+    errors: list[str] = []
+
+    def client(convs: list[int]) -> None:
+        history: dict[int, list[ChatMessage]] = {c: [] for c in convs}
+        for _ in range(turns):
+            for c in convs:
+                msgs = [*history[c], ChatMessage("user", _words(100 * c + len(history[c]), 9))]
+                sampling = SamplingParams(
+                    temperature=0.0, max_tokens=rng.randint(6, 20), ignore_eos=True
+                )
+                req = ChatRequest(f"conv{c}", "", tuple(msgs), sampling)
+                events = list(engine.generate(req, threading.Event()))
+                if not isinstance(events[-1], Finished):
+                    errors.append(f"conv{c}: {events[-1]}")
+                    return
+                ids = _ids(events)
+                done.append((req, ids))
+                text = "".join(e.text for e in events if isinstance(e, TokenDelta))
+                history[c] = [*msgs, ChatMessage("assistant", text)]
+
+    try:
+        groups = [list(range(i, n_conv, clients)) for i in range(clients)]
+        threads = [threading.Thread(target=client, args=(g,), daemon=True) for g in groups]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+            assert not t.is_alive()
+    finally:
+        engine.close()
+    assert not errors, errors
+    assert len(done) == n_conv * turns
+    alone = _engine(chat_path, tmp_path / "b", batch_max=1)
+    try:
+        for req, got in done:
+            want = _ids(list(alone.generate(req, threading.Event())))
+            assert got == want, f"{req.conversation_id} turn {len(req.messages) // 2}"
+    finally:
+        alone.close()
