@@ -7,7 +7,7 @@ names, devices and drafts the same way.
 from __future__ import annotations
 
 from npuchat.engine import devices
-from npuchat.engine.concurrent_engine import ConcurrentEngine
+from npuchat.engine.concurrent_engine import DEFAULT_QUEUE, ConcurrentEngine
 from npuchat.engine.draft_models import VERIFY_K, load_draft_model
 from npuchat.engine.drafters import Drafter, LookupDrafter
 from npuchat.engine.errors import NpuchatError
@@ -158,8 +158,10 @@ def open_concurrent_engine(
     progress: ProgressCallback | None = None,
     *,
     pull_progress: PullProgress | None = None,
+    max_queue: int = DEFAULT_QUEUE,
 ) -> ConcurrentEngine:
-    """The engine the app and `npuchat run` use: several requests at once on one model."""
+    """The engine the app, `npuchat run` and `npuchat serve` use: several requests at once on
+    one model; `max_queue` requests may wait for a slot before more are refused as busy."""
     device = devices.pick_device(spec.device)
     session = open_engine(
         ctx,
@@ -169,7 +171,7 @@ def open_concurrent_engine(
         batch_max=BATCH_MAX.get(device, 1),
         keep_warm_s=0.0,  # the concurrent engine ticks itself, through its scheduler
     )
-    return ConcurrentEngine(session, keep_warm_s=KEEP_WARM_S)
+    return ConcurrentEngine(session, max_queue=max_queue, keep_warm_s=KEEP_WARM_S)
 
 
 def make_loader(ctx: AppContext) -> EngineLoader:

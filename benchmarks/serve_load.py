@@ -1,6 +1,7 @@
 """Load on `npuchat serve`: concurrent clients against the same requests sent one at a time.
 
     python benchmarks/serve_load.py [--model qwen2.5-coder-0.5b] [--clients 8] [--requests 10]
+        [--engine concurrent|queued] [--batch 4]
 
 Serves the model on 127.0.0.1 (an ephemeral port; nothing else is reachable), then sends the
 same clients x requests greedy chat requests twice through the `openai` client, streaming:
@@ -9,6 +10,9 @@ in turn. Prints p50/p95 TTFT (request sent -> first content chunk, as a client s
 tok/s per client and in aggregate (all tokens / wall time), side by side, and checks that no
 request failed and that every concurrent reply equals the same request's reply run alone (a
 mixed-up or cross-talking response would differ). Bounded: at most `--timeout` seconds in all.
+`--engine concurrent` (the default, what `npuchat serve` runs) serves them on the concurrent
+engine with `--batch` KV slots; `--engine queued` on one session, one reply at a time, with
+the server queueing the rest.
 
 Every user message starts with a word whose first token no other message shares, so the KV
 prefix a request can reuse from the one before it is the same in both runs (the system prompt
@@ -33,6 +37,7 @@ import openai
 
 from npuchat.app.serve.server import ServedModel, Server, create_app
 from npuchat.engine.catalog import Catalog
+from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.paths import Paths
 from npuchat.engine.pull import pull
 from npuchat.engine.session import ChatSession
@@ -155,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=10, help="per client")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--capacity", type=int, default=1024)
+    ap.add_argument("--engine", choices=["concurrent", "queued"], default="concurrent")
+    ap.add_argument("--batch", type=int, default=4, help="KV slots of the concurrent engine")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
     ap.add_argument("--json", type=Path, help="write the figures and every reply here")
     args = ap.parse_args(argv)
@@ -162,12 +169,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     cache = Path(tempfile.mkdtemp(prefix="npuchat-serve-load-"))
     session = ChatSession.open(
         model_path(args.model, args.gguf), name=args.model, cache_dir=cache,
-        capacities=[args.capacity],
+        capacities=[args.capacity], batch_max=args.batch if args.engine == "concurrent" else 1,
     )  # fmt: skip
     total = args.clients * args.requests
     prompts = pick_prompts(session, total)
     card = ServedModel(args.model, session.model.max_capacity, session.draft_name, session.device)
-    app = create_app(session, card, max_queue=args.clients)
+    engine: ChatSession | ConcurrentEngine = session
+    if args.engine == "concurrent":  # the engine runs `--batch` replies at once, queues the rest
+        engine = ConcurrentEngine(session, max_queue=args.clients)
+        app = create_app(engine, card, slots=None)
+    else:  # one reply at a time, the server queues the rest
+        app = create_app(session, card, max_queue=args.clients)
     with Server(app, "127.0.0.1", 0) as server:
         client = openai.OpenAI(
             base_url=server.url + "/v1", api_key="local", max_retries=0, timeout=args.timeout
@@ -195,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ThreadPoolExecutor(args.clients) as pool:
             together = [r for rs in pool.map(one_client, range(args.clients)) for r in rs]
         together_wall = time.perf_counter() - t0
-    session.close()
+    engine.close()
 
     # one-at-a-time results are grouped by the same client split for the per-client figures
     for r in alone:
@@ -207,8 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = summary(together, together_wall, args.clients)
     print(
         f"npuchat serve load: {args.model}, {args.clients} clients x {args.requests} requests, "
-        f"{args.max_tokens} tokens max, greedy, engine {type(session).__name__} "
-        f"(device {session.device})"
+        f"{args.max_tokens} tokens max, greedy, engine {type(engine).__name__} "
+        f"({args.batch if args.engine == 'concurrent' else 1} at once, device {session.device})"
     )
     print(f"| figure | one at a time | {args.clients} concurrent | ratio |")
     print("|---|---|---|---|")

@@ -13,7 +13,7 @@ from npuchat.engine.devices import pick_device
 from npuchat.engine.errors import NpuchatError
 
 from ..context import AppContext
-from ..engine_factory import check_draft, open_engine
+from ..engine_factory import check_draft, open_concurrent_engine
 from ..engine_port import EngineSpec
 from ..progress import RichPullProgress
 from .auth import check_bind
@@ -46,14 +46,21 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     check_draft(draft)
     pick_device(device)
     err = Console(stderr=True)
-    engine = open_engine(ctx, EngineSpec(model, draft, device), pull_progress=RichPullProgress(err))
+    engine = open_concurrent_engine(
+        ctx,
+        EngineSpec(model, draft, device),
+        pull_progress=RichPullProgress(err),
+        max_queue=args.max_queue,
+    )
     try:
         card = ServedModel(model, engine.model.max_capacity, engine.draft_name, engine.device)
-        app = create_app(engine, card, api_key=args.api_key, max_queue=args.max_queue)
+        # the engine runs batch_max replies at once and queues the rest itself
+        app = create_app(engine, card, api_key=args.api_key, slots=None)
         server = Server(app, args.host, args.port, log_level="info")
         print(
             f"npuchat: serving {model} ({card.context_length} tokens of context, "
-            f"draft {card.draft or 'none'}, {card.device}) at {server.url_for(args.port)}/v1"
+            f"draft {card.draft or 'none'}, {card.device}, {engine.batch_max} replies at once) "
+            f"at {server.url_for(args.port)}/v1"
             f"{'' if args.api_key else ' (no API key)'}; Ctrl+C stops",
             file=sys.stderr,
         )
