@@ -15,9 +15,9 @@ hand in its next step, so a batch holds all the streams that are running (a repl
 little host work, sampling and detokenizing, between steps). A sequence that is streaming (its
 last step was a decode), or whose prompt comes in parts (`Sequence.prefill(more=True)`: the
 session reports progress between parts), is waited for longer (`LATE_S`) than one that has not
-handed in its first step, and chunks stay small while anything streams: on a loaded machine a reply thread can
-miss a short window, and the step would then run without it (a smaller batch, or a prefill
-chunk that freezes its stream).
+handed in its first step, and chunks stay small while anything streams: on a loaded machine a
+reply thread can miss a short window, and the step would then run without it (a smaller batch,
+or a prefill chunk that freezes its stream).
 
 Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
 
