@@ -15,7 +15,11 @@ Slots and conversations (llama.cpp server's slots, with paging):
   under its byte budget) and, when it is long enough to be worth it, to disk, so coming back to
   it later, or after a restart, imports its rows instead of prefilling them again;
 * when every row is running a request, new requests wait in a bounded queue (interactive ahead
-  of background); when the queue is full a request gets `Failed(kind="busy")` at once.
+  of background); when the queue is full a request gets `Failed(kind="busy")` at once;
+* an interactive request never waits for a background one to finish: when every row is busy
+  and one of them runs background work, that sequence is *parked* (its K/V copied to host
+  memory, `Sequence.park`), the interactive request takes its row, and the background reply
+  resumes, exactly where it stopped, as soon as a row is free and no interactive request waits.
 
 Speculative decoding runs only while one sequence runs alone (the scheduler says so per step);
 with several running, the batch is the better use of a step on this hardware (a verify of k+1
@@ -32,7 +36,7 @@ from collections.abc import Callable, Iterator
 from .errors import NpuchatError
 from .events import Cancelled, ChatRequest, Event, Failed, Metrics, SamplingParams
 from .scheduler import BACKGROUND, INTERACTIVE, SlotTable, StepScheduler
-from .sequence import Sequence
+from .sequence import PARKED, Sequence
 from .session import ChatSession
 from .tokenizer import Tokenizer
 
@@ -66,6 +70,10 @@ class ConcurrentEngine:
         self._resident: dict[str, Sequence] = {}  # conversation id -> its sequence (in a row)
         self._conversation: dict[int, str] = {}  # id(seq) -> conversation id
         self._running: set[int] = set()  # id(seq) of sequences serving a request
+        self._priority: dict[int, int] = {}  # id(seq) -> priority of the request it serves
+        self._parked: list[
+            Sequence
+        ] = []  # running background sequences without a row, oldest first
         self._last_used: dict[int, float] = {}
         self._queue: list[tuple[int, int]] = []  # (priority, ticket) of waiting requests
         self._ticket = 0
@@ -147,6 +155,8 @@ class ConcurrentEngine:
             yield Cancelled(Metrics(model=self.model_name, device=self.device))
             return
         self.scheduler.register(seq, priority, cancel)
+        with self._cv:
+            self._priority[id(seq)] = priority
         try:
             yield from self.session.generate_on(
                 seq,
@@ -161,7 +171,13 @@ class ConcurrentEngine:
             self.scheduler.unregister(seq)
             with self._cv:
                 self._running.discard(id(seq))
+                self._priority.pop(id(seq), None)
                 self._last_used[id(seq)] = self._clock()
+                if seq.parked is not None:  # ended without its row (cancelled while parked)
+                    self._parked.remove(seq)
+                    self._page_out(seq, persist=len(seq.tokens) >= PERSIST_MIN_TOKENS)
+                    self._forget(seq)
+                self._resume_parked()
                 self._cv.notify_all()
 
     def _admit(self, conv: str, priority: int, cancel: threading.Event) -> Sequence | Failed | None:
@@ -182,51 +198,97 @@ class ConcurrentEngine:
                 while True:
                     if cancel.is_set() or self._closed.is_set():
                         return None
-                    if min(self._queue) == me:
+                    self._resume_parked()
+                    # parked background replies get rows before new background requests
+                    if min(self._queue) == me and (priority == INTERACTIVE or not self._parked):
                         seq = self._take_row(conv)
+                        if seq is None and priority == INTERACTIVE and self._park_one():
+                            seq = self._take_row(conv)
                         if seq is not None:
                             self._running.add(id(seq))
                             return seq
                     self._cv.wait(_WAIT_POLL_S)
             finally:
                 self._queue.remove(me)
+                self._resume_parked()
                 self._cv.notify_all()
 
     def _take_row(self, conv: str) -> Sequence | None:
-        """The conversation's resident sequence, a free row, or an evicted idle one's row.
+        """The conversation's resident sequence, or a new one in a free (or freed) row.
 
-        Called with `_cv` held. The row is chosen, emptied and given its new owner under the
-        scheduler's lock: a batched decode swaps rows (and their owners) between steps, so a
-        row number read outside it may already belong to a running sequence.
+        Called with `_cv` held, as are the helpers below. The row is chosen, emptied and given
+        its new owner under the scheduler's lock: a batched decode swaps rows (and their
+        owners) between steps, so a row number read outside it may belong to a running one.
         """
         seq = self._resident.get(conv) if conv else None
         if seq is not None and id(seq) not in self._running:
             return seq
         with self._store, self.scheduler.lock:
-            owner = self.slots.owner
-            row = next((r for r, s in enumerate(owner) if s is None), None)
+            row = self._free_row()
             if row is None:
-                idle = [s for s in owner if s is not None and id(s) not in self._running]
-                if not idle:
-                    return None
-                victim = min(idle, key=lambda s: self._last_used.get(id(s), 0.0))
-                self._page_out(victim, persist=len(victim.tokens) >= PERSIST_MIN_TOKENS)
-                row = victim.row
-                self._forget(victim)
+                return None
             new = Sequence(self.model, row, self.scheduler)
             self.model.rollback(0, row=row)
-            owner[row] = new
+            self.slots.owner[row] = new
         if conv and conv not in self._resident:
             self._resident[conv] = new
             self._conversation[id(new)] = conv
         return new
+
+    def _free_row(self) -> int | None:
+        """A row without an owner, or the least recently used idle one's, paged out first."""
+        with self._store, self.scheduler.lock:
+            owner = self.slots.owner
+            row = next((r for r, s in enumerate(owner) if s is None), None)
+            if row is not None:
+                return row
+            idle = [s for s in owner if s is not None and id(s) not in self._running]
+            if not idle:
+                return None
+            victim = min(idle, key=lambda s: self._last_used.get(id(s), 0.0))
+            self._page_out(victim, persist=len(victim.tokens) >= PERSIST_MIN_TOKENS)
+            row = victim.row
+            self._forget(victim)
+            return row
+
+    def _park_one(self) -> bool:
+        """Park the most recently admitted running background sequence (module doc)."""
+        victims = [
+            s
+            for s in self.slots.owner
+            if s is not None and id(s) in self._running and self._priority.get(id(s)) == BACKGROUND
+        ]
+        if not victims:
+            return False
+        with self.scheduler.lock:
+            order = list(self._priority)  # admission order
+            victim = max(victims, key=lambda s: order.index(id(s)))
+            row = victim.row
+            victim.park()
+            self.slots.owner[row] = None
+        self._parked.append(victim)
+        log.info("parked a background reply (%d tokens) for an interactive one", len(victim.tokens))
+        return True
+
+    def _resume_parked(self) -> None:
+        """Give parked sequences rows again, oldest first, while no interactive request waits."""
+        while self._parked and not any(p == INTERACTIVE for p, _ in self._queue):
+            with self._store, self.scheduler.lock:
+                row = self._free_row()
+                if row is None:
+                    return
+                seq = self._parked.pop(0)
+                seq.resume(row)
+                self.slots.owner[row] = seq
+            self.scheduler.wake()
 
     def _forget(self, seq: Sequence) -> None:
         conv = self._conversation.pop(id(seq), None)
         if conv is not None and self._resident.get(conv) is seq:
             del self._resident[conv]
         self._last_used.pop(id(seq), None)
-        self.slots.owner[seq.row] = None
+        if seq.row != PARKED and self.slots.owner[seq.row] is seq:
+            self.slots.owner[seq.row] = None
 
     def _page_out(self, seq: Sequence, persist: bool) -> None:
         """Keep an idle sequence's K/V in the prefix store (and on disk) before its row goes."""

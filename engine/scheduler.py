@@ -60,6 +60,7 @@ __all__ = ["SlotTable", "StepScheduler"]
 GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
 LATE_S = 0.03  # how long a step waits for a streaming sequence's next decode step
 BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
+_PARKED_POLL_S = 0.05  # how often a parked sequence's cancel is looked at
 StepKind = Literal["prefill", "decode", "verify"]
 INTERACTIVE, BACKGROUND = 0, 1
 
@@ -202,8 +203,9 @@ class StepScheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._closed:
-                    self._cv.wait()
+                while not self._runnable() and not self._closed:
+                    # a parked sequence's cancel sets no condition: look again now and then
+                    self._cv.wait(_PARKED_POLL_S if self._pending else None)
                 if self._closed:
                     for step in self._pending:
                         step.error = NpuchatError("the engine is closed")
@@ -212,14 +214,31 @@ class StepScheduler:
                 self._gather(LATE_S, set(self._streaming) | set(self._prompting))
                 self._gather(GATHER_S, set(self._registered))
                 chosen = self._choose()
+                if chosen is None:  # what was runnable was parked meanwhile
+                    continue
                 for step in chosen.steps:
                     if step.kind != "prefill" or chosen.finishes:
                         self._pending.remove(step)
             self._run(chosen)
 
+    def _runnable(self) -> list[_Step]:
+        """Pending steps that may run now: a parked sequence's wait until it resumes, unless
+        its request was cancelled (answered at once)."""
+        return [
+            s
+            for s in self._pending
+            if s.seq.parked is None or (s.cancel is not None and s.cancel.is_set())
+        ]
+
+    def wake(self) -> None:
+        """Look at the pending steps again (a parked sequence resumed)."""
+        with self._cv:
+            self._cv.notify_all()
+
     def _gather(self, wait_s: float, expected: set[int]) -> None:
         """Wait up to `wait_s` until every sequence in `expected` has a step pending."""
         deadline = self.clock() + wait_s
+        expected -= {i for i, (seq, _, _) in self._registered.items() if seq.parked is not None}
         while not expected <= {id(s.seq) for s in self._pending}:
             left = deadline - self.clock()
             if left <= 0 or self._closed:
@@ -227,10 +246,13 @@ class StepScheduler:
             self._cv.wait(left)
             expected &= set(self._registered)
 
-    def _choose(self) -> _Choice:
-        pending = sorted(self._pending, key=lambda s: (s.priority, s.order))
-        for step in pending:  # a cancelled prefill is answered at once
-            if step.kind == "prefill" and step.cancel is not None and step.cancel.is_set():
+    def _choose(self) -> _Choice | None:
+        pending = sorted(self._runnable(), key=lambda s: (s.priority, s.order))
+        if not pending:
+            return None
+        for step in pending:  # a cancelled prefill (or any step of a parked one) is answered
+            cancelled = step.cancel is not None and step.cancel.is_set()
+            if cancelled and (step.kind == "prefill" or step.seq.parked is not None):
                 return _Choice("cancel", [step], True)
         verifies = [s for s in pending if s.kind == "verify"]
         decodes = [s for s in pending if s.kind == "decode"]

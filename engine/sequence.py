@@ -11,6 +11,11 @@ batching the decode steps of several sequences into one graph run and interleavi
 chunks (`scheduler`). The row can change while the sequence waits (the scheduler swaps rows so a
 batch's rows are contiguous); host-side edits of the cache (rollback, export, import) take the
 runner's lock so they never overlap a step.
+
+A sequence can be *parked*: its K/V rows are copied out to host memory and its row handed to
+a more urgent request (an interactive reply preempting a background task). Every operation
+works on the host copy while parked, and `resume` imports it into a row again, so the reply
+carries on exactly where it stopped; the scheduler runs no step of a parked sequence.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from .errors import NpuchatError
 from .kvcache import KVSnapshot
 
 if TYPE_CHECKING:
     from .model import Model
 
-__all__ = ["DirectRunner", "Sequence", "StepRunner"]
+__all__ = ["PARKED", "DirectRunner", "Sequence", "StepRunner"]
+
+PARKED = -1  # the row of a parked sequence
 
 
 class StepRunner(Protocol):
@@ -75,6 +83,7 @@ class Sequence:
         self.row = row
         self.runner: StepRunner = runner if runner is not None else DirectRunner()
         self.tokens: list[int] = []
+        self.parked: KVSnapshot | None = None  # the K/V rows while parked (module doc)
 
     # the single-sequence interface the speculative decoder and the drafters use
     @property
@@ -129,23 +138,66 @@ class Sequence:
         """The row holds exactly `tokens` again: after a failed step, or after code that moved
         the model's row directly (benchmarks time raw steps on a session's model)."""
         with self.runner.locked():
-            n = min(len(self.tokens), self.model.length(self.row))
-            self.model.rollback(n, row=self.row)
+            n = min(len(self.tokens), self._stored())
+            self._truncate(n)
             del self.tokens[n:]
 
     def rollback(self, n: int) -> None:
         with self.runner.locked():
-            self.model.rollback(n, row=self.row)
+            self._truncate(n)
             del self.tokens[n:]
 
     def kv_export(self, start: int, end: int) -> KVSnapshot:
         with self.runner.locked():
-            return self.model.kv_export(start, end, row=self.row)
+            if self.parked is None:
+                return self.model.kv_export(start, end, row=self.row)
+            snap = self.parked
+            if not 0 <= start <= end <= snap.length:
+                raise NpuchatError(f"cannot export KV rows {start}..{end}: {snap.length} are kept")
+            rows = slice(start, end)
+            return KVSnapshot(
+                start, [a[:, :, rows] for a in snap.k], [a[:, :, rows] for a in snap.v]
+            )
 
     def adopt(self, snapshot: KVSnapshot, tokens: Seq[int]) -> None:
         """Replace the row's contents with a stored prefix: rows `[0, snapshot.length)` of
         `tokens` (a prefix-store hit)."""
         with self.runner.locked():
+            if self.parked is not None:
+                raise NpuchatError("a parked sequence cannot take a stored prefix; resume it first")
             self.model.rollback(0, row=self.row)
             self.model.kv_import(snapshot, 0, row=self.row)
             self.tokens = [int(t) for t in tokens[: snapshot.length]]
+
+    def park(self) -> None:
+        """Copy the row's K/V out (every row it holds, a prefill's finished chunks too) and
+        give the row up (`row` becomes `PARKED`)."""
+        with self.runner.locked():
+            if self.parked is not None:
+                return
+            self.parked = self.model.kv_export(0, self.model.length(self.row), row=self.row)
+            self.model.rollback(0, row=self.row)
+            self.row = PARKED
+
+    def resume(self, row: int) -> None:
+        """Import the parked K/V into (empty) row `row` and run there from now on."""
+        with self.runner.locked():
+            snap = self.parked
+            if snap is None:
+                return
+            self.model.rollback(0, row=row)
+            if snap.length:
+                self.model.kv_import(snap, 0, row=row)
+            self.row, self.parked = row, None
+
+    def _stored(self) -> int:
+        return self.parked.length if self.parked is not None else self.model.length(self.row)
+
+    def _truncate(self, n: int) -> None:
+        if self.parked is None:
+            self.model.rollback(n, row=self.row)
+        elif n < self.parked.length:
+            snap = self.parked
+            self.parked = KVSnapshot(
+                0, [a[:, :, :n] for a in snap.k], [a[:, :, :n] for a in snap.v]
+            )

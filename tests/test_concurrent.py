@@ -387,3 +387,76 @@ def test_conversations_revisited_while_others_stream(chat_path: Path, tmp_path: 
             assert got == want, f"{req.conversation_id} turn {len(req.messages) // 2}"
     finally:
         alone.close()
+
+
+def test_interactive_preempts_background_holding_every_slot(
+    chat_path: Path, tmp_path: Path
+) -> None:
+    """Both slots run background replies: an interactive request does not wait for them. One
+    background sequence is parked (its K/V kept in host memory), the interactive reply streams
+    in its row, and the parked reply resumes afterwards: both background replies equal the
+    same requests run alone, token for token; a parked reply can also be cancelled."""
+    engine = _engine(chat_path, tmp_path / "a", batch_max=2, max_queue=4)
+    bgs = [
+        _Stream(
+            engine,
+            _req(f"bg{i}", _words(20 + i, 12), "background", max_tokens=60, ignore_eos=True),
+            delay=0.01,
+        )
+        for i in range(2)
+    ]
+    try:
+        for s in bgs:
+            s.start()
+        while not all(_ids(s.events) for s in bgs):
+            time.sleep(0.005)
+        fg = _Stream(engine, _req("fg", _words(30, 8), max_tokens=6, ignore_eos=True))
+        fg.start()
+        fg.join(timeout=60)
+        assert isinstance(fg.events[-1], Finished)
+        unfinished = [s for s in bgs if not isinstance(s.events[-1], Finished)]
+        assert unfinished, "the interactive reply waited for a background one to finish"
+        for s in bgs:
+            s.join(timeout=120)
+        assert engine.scheduler.running() == 0 and not engine._parked
+        # a parked reply that is cancelled ends at once, and the engine stays usable
+        hold = [
+            _Stream(
+                engine,
+                _req(f"h{i}", _words(40 + i, 6), "background", max_tokens=400, ignore_eos=True),
+                delay=0.01,
+            )
+            for i in range(2)
+        ]
+        for s in hold:
+            s.start()
+        while not all(_ids(s.events) for s in hold):
+            time.sleep(0.005)
+        fg2 = _Stream(
+            engine, _req("fg2", _words(31, 8), max_tokens=200, ignore_eos=True), delay=0.01
+        )
+        fg2.start()
+        while not engine._parked:
+            time.sleep(0.005)
+        parked = next(s for s in hold if s.req.conversation_id == _parked_conv(engine))
+        parked.cancel.set()
+        parked.join(timeout=10)
+        assert isinstance(parked.events[-1], Cancelled)
+        fg2.cancel.set()
+        for s in [*hold, fg2]:
+            s.cancel.set()
+            s.join(timeout=30)
+            assert not s.is_alive()
+    finally:
+        engine.close()
+    alone = _engine(chat_path, tmp_path / "b", batch_max=1)
+    try:
+        for s in bgs:
+            assert _ids(s.events) == _ids(list(alone.generate(s.req, threading.Event())))
+    finally:
+        alone.close()
+
+
+def _parked_conv(engine: ConcurrentEngine) -> str:
+    seq = engine._parked[0]
+    return engine._conversation[id(seq)]
