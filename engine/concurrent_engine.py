@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator
 
 from .errors import NpuchatError
 from .events import Cancelled, ChatRequest, Event, Failed, Metrics, SamplingParams
-from .scheduler import BACKGROUND, INTERACTIVE, SlotTable, StepScheduler
-from .sequence import PARKED, Sequence
+from .scheduler import BACKGROUND, INTERACTIVE, StepScheduler
+from .sequence import PARKED, Sequence, SlotTable
 from .session import ChatSession
 from .tokenizer import Tokenizer
 

@@ -78,10 +78,11 @@ def _kernel_rows_matter(lin: Linear) -> bool:
 class RowPad:
     """Runs the matmuls whose one-row kernel differs on `x` plus the rows `pad_rows` of `x`.
 
-    A decode step passes `pad_rows = [0]`: those matmuls then see two rows and take the
-    multi-row kernel a verify step takes, and their output is sliced back to the S real rows;
-    every other op runs on one row. Verify, prefill and draft steps pass no rows; the Concat and
-    Slice still copy their tensors then (~2% of a 1.5B prefill chunk), so the MLP keeps the pad
+    A step with one row of logits (decode; a prefill chunk, at the LM head) passes
+    `pad_rows = [0]`: those matmuls then see one more row and take the multi-row kernel a
+    verify step takes, and their output is sliced back to the S real rows; every other op runs
+    on the real rows. Verify, batched and draft steps pass no rows; the Concat and Slice still
+    copy their tensors then (~2% of a 1.5B prefill chunk), so the MLP keeps the pad
     rows from gate/up through to down (`carrying`) instead of slicing and re-padding its widest
     tensors. `None` when the graph has no `pad_rows` input (the NPU's static graphs).
     """

@@ -20,9 +20,11 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
 * attention summing the same terms in another order: solved in the graph (K/V scattered into the
   cache first, so every row attends the same columns in the same order);
 * `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
-  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a decode step passes
-  `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its row plus a
-  copy of it (`graph_ops.RowPad`); every other op runs on the one row (`exact_decode`).
+  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a step with one row of
+  logits (a decode step; a prefill chunk, whose LM head sees its last row only) passes
+  `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its rows plus a
+  copy of row 0 (`graph_ops.RowPad`); every other op runs on the real rows (`exact_decode`).
+  A prefill chunk then gives the same logits alone as mixed into a batched step.
   Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
   gave qwen2.5-coder-0.5b (mostly 8-bit) 6–13% more decode speed, and SmolLM2 and the 1.5B
   (mostly 4-bit) the same speed within noise (A/B runs, alternating). A draft model's own
@@ -327,6 +329,45 @@ class Model:
             kv.lengths[r] += 1
         return logits
 
+    @property
+    def mixes_steps(self) -> bool:
+        """Whether `step_rows` can run prefill chunks and decode tokens in one step (the CPU's
+        symbolic graph takes any shape; the NPU's static ones do not)."""
+        return self._npu is None
+
+    def step_rows(self, ids: Sequence[Sequence[int]], first_row: int = 0) -> np.ndarray:
+        """One step for rows `first_row ..`, each with its own new tokens (a decode token, or
+        a prefill chunk), in one graph run; logits after each row's last token `[B, vocab]`.
+
+        Rows shorter than the longest are left-padded: the pad rows sit at slots past the
+        row's new tokens (never attended by them, overwritten by later tokens), so each real
+        row is computed as it is in a decode or prefill step of its own.
+        """
+        rows_ids = [self._check_ids(r) for r in ids]
+        b = len(rows_ids)
+        if not b >= 1 or first_row + b > self.batch_max or not all(rows_ids):
+            raise NpuchatError(f"rows {first_row}..{first_row + b - 1} exceed {self.batch_max}")
+        if self._cpu is None:
+            raise NpuchatError("steps of mixed shapes run on the CPU graph only")
+        kv = self._kv
+        s = max(len(r) for r in rows_ids)
+        starts = [kv.lengths[first_row + j] for j in range(b)]
+        kv.ensure(max(starts) + s)
+        pos = np.zeros((b, s), np.int64)
+        emb = np.zeros((b, s, self.config.d_model), np.float32)
+        for j, (row_ids, n) in enumerate(zip(rows_ids, starts, strict=True)):
+            k = len(row_ids)
+            pos[j] = np.concatenate([np.arange(n + k, n + s), np.arange(n, n + k)])
+            emb[j, s - k :] = self.embed(row_ids)
+            emb[j, : s - k] = emb[j, s - k]  # pad rows: a real row's values, so all stay finite
+        cos, sin = self._cos[pos], self._sin[pos]
+        local = (self._cos_swa[pos], self._sin_swa[pos])
+        pad = 1 if self.exact_decode and b == 1 else 0  # one logit row
+        logits = self._cpu.run(emb, cos, sin, pos, first_row, 1, pad, local)
+        for j, row_ids in enumerate(rows_ids):
+            kv.lengths[first_row + j] += len(row_ids)
+        return logits
+
     def embed(self, ids: Sequence[int]) -> np.ndarray:
         """Token embeddings `[len(ids), d_model]`, decoded from the GGUF on the host.
 
@@ -372,7 +413,7 @@ class Model:
             kv.lengths[row] = n + s
             return logits
         assert self._cpu is not None
-        pad = 1 if self.exact_decode and s == 1 else 0
+        pad = 1 if self.exact_decode and (s == 1 or not all_rows) else 0  # one logit row
         pos = np.arange(n, n + s)
         logits = self._cpu.run(
             self.embed(ids)[None],

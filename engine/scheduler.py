@@ -6,8 +6,9 @@ step* at a time:
 
 * one batched decode over every sequence waiting for a decode step (one graph run over their
   cache rows: the weights are read once for all of them), or
-* one prefill chunk of one waiting sequence (a long prompt is cut into chunks, so it never
-  freezes the other streams), or
+* on the CPU, a *mixed* step: that batched decode plus a chunk of one waiting prompt in the same
+  graph run (vLLM's chunked prefill), so a long paste never freezes the other streams, or
+* one prefill chunk of one waiting sequence (nothing streams, or the NPU's static graphs), or
 * one verify (speculative decoding runs only while a sequence runs alone).
 
 Before choosing, the scheduler waits a moment (`GATHER_S`) for every registered sequence to
@@ -25,11 +26,16 @@ Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
   sequences are paused (their K/V stays in their rows); background decode rows ride along in an
   interactive decode batch (a batch row costs far less than a step of its own); a background
   prefill chunk gets one step in `BACKGROUND_EVERY` while interactive streams decode;
-* decode and prefill alternate when both wait; the chunk is sized from measured times so that
-  it costs about one decode step (`chunk_tokens`), which keeps the longest gap between two tokens
-  of a stream near twice the normal one; with nothing decoding, chunks are the model's full
+* when decodes and a prompt both wait, they share mixed steps, the chunk sized from measured
+  times so a mixed step costs about `MIX_TARGET` decode steps (`_tune_mix`): a stream's next
+  token then never waits more than about twice its usual time. A step costs a fixed part
+  (reading the weights) plus a part per row, so alternating a decode step with a prefill chunk
+  of its own could never keep that bound. On the NPU they alternate, the chunk sized to cost
+  about one decode step (`chunk_tokens`); with nothing decoding, chunks are the model's full
   prefill chunk;
-* cancel: a prefill checks its request's cancel event between chunks.
+* cancel: a prefill checks its request's cancel event between chunks;
+* a parked sequence (`Sequence.park`: its row given to an interactive request) has its steps
+  held until it resumes; cancelling it answers them at once.
 
 Batched rows must be contiguous in the cache (one `[B, Hkv, C, dh]` view); the scheduler swaps
 rows (`SlotTable.swap`) when the batch's sequences are not, which costs one copy of their rows
@@ -51,15 +57,16 @@ import numpy as np
 from .drafters import ema
 from .errors import NpuchatError, RequestCancelled
 from .model import Model
-from .sequence import Sequence
+from .sequence import Sequence, SlotTable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SlotTable", "StepScheduler"]
+__all__ = ["StepScheduler"]
 
 GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
 LATE_S = 0.03  # how long a step waits for a streaming sequence's next decode step
 BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
+MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many decode steps
 _PARKED_POLL_S = 0.05  # how often a parked sequence's cancel is looked at
 StepKind = Literal["prefill", "decode", "verify"]
 INTERACTIVE, BACKGROUND = 0, 1
@@ -77,25 +84,6 @@ class _Step:
     result: np.ndarray | None = None
     error: BaseException | None = None
     offset: int = 0  # prefill: tokens already run
-
-
-class SlotTable:
-    """Which sequence owns which cache row."""
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self.owner: list[Sequence | None] = [None] * model.batch_max
-
-    def swap(self, a: int, b: int) -> None:
-        if a == b:
-            return
-        self.model.swap_rows(a, b)
-        sa, sb = self.owner[a], self.owner[b]
-        self.owner[a], self.owner[b] = sb, sa
-        if sa is not None:
-            sa.row = b
-        if sb is not None:
-            sb.row = a
 
 
 class StepScheduler:
@@ -122,6 +110,7 @@ class StepScheduler:
         self._last: StepKind | None = None
         self._t_decode: float | None = None  # seconds per batched decode step (EMA)
         self._t_token: float | None = None  # seconds per prefill token in a chunk (EMA)
+        self._mix_tokens = 4  # prefill tokens in a mixed step (`_tune_mix`)
         self._closed = False
         self.steps: list[tuple[str, object, int]] = []  # (kind, rows or tokens, priority): tests
         self.record_steps = False
@@ -270,9 +259,13 @@ class StepScheduler:
             if p.priority == INTERACTIVE and not interactive_streams:
                 return self._prefill_choice(p, full=True)  # background waits (paused)
             if p.priority == INTERACTIVE or not interactive_streams:
+                if decodes and self.model.mixes_steps:
+                    return self._mixed_choice(p, decodes)
                 if self._last != "prefill" or not decodes:
                     return self._prefill_choice(p, full=False)
             elif not decodes or (self._turn % BACKGROUND_EVERY == 0 and self._last == "decode"):
+                if decodes and self.model.mixes_steps:
+                    return self._mixed_choice(p, decodes)
                 return self._prefill_choice(p, full=False)
         if decodes and (any(d.priority == INTERACTIVE for d in decodes) or top == BACKGROUND):
             return _Choice("decode", decodes[: self.model.batch_max], True)
@@ -285,6 +278,28 @@ class StepScheduler:
         n = left if full else min(left, self.chunk_tokens())
         n = min(n, self.model.prefill_chunk) if full else n
         return _Choice("prefill", [step], step.offset + n >= len(step.ids), n)
+
+    def _mixed_choice(self, prefill: _Step, decodes: list[_Step]) -> _Choice:
+        """The decode steps and a chunk of the prefill in one engine step, the chunk sized so
+        the step costs at most about two decode steps (`_tune_mix`)."""
+        rows = decodes[: self.model.batch_max - 1]
+        room = self.model.max_capacity - max(self.model.length(d.seq.row) for d in rows)
+        left = len(prefill.ids) - prefill.offset
+        n = max(1, min(left, self._mix_tokens, room))
+        return _Choice("mixed", [*rows, prefill], prefill.offset + n >= len(prefill.ids), n)
+
+    def _tune_mix(self, seconds: float) -> None:
+        """Grow or shrink the mixed chunk to keep a mixed step near `MIX_TARGET` decode steps:
+        a stream's token then never waits more than about twice its usual time."""
+        if self._t_decode is None:
+            return
+        ratio = seconds / self._t_decode
+        if ratio > MIX_TARGET * 1.15:
+            self._mix_tokens = max(1, int(self._mix_tokens * 0.75))
+        elif ratio < MIX_TARGET * 0.85:
+            self._mix_tokens = min(
+                self.model.prefill_chunk, self._mix_tokens + 1 + self._mix_tokens // 4
+            )
 
     def chunk_tokens(self) -> int:
         """Prefill tokens that cost about one decode step (measured), at least one."""
@@ -303,25 +318,31 @@ class StepScheduler:
                 elif chosen.kind == "verify":
                     step = chosen.steps[0]
                     step.result = self.model.verify(step.ids, row=step.seq.row)
+                elif chosen.kind == "mixed":
+                    self._run_mixed(chosen.steps, chosen.tokens)
                 else:
                     self._run_prefill(chosen.steps[0], chosen.tokens)
-            self._last = "decode" if chosen.kind == "decode" else "prefill"
+            self._last = "prefill" if chosen.kind == "prefill" else "decode"
         except BaseException as exc:  # handed to the waiting request thread
             for step in chosen.steps:
                 step.error = exc
-            if chosen.kind == "prefill" and not chosen.finishes:
+            last = chosen.steps[-1]
+            if last.kind == "prefill" and not chosen.finishes:
                 with self._cv:
-                    if chosen.steps[0] in self._pending:
-                        self._pending.remove(chosen.steps[0])
+                    if last in self._pending:
+                        self._pending.remove(last)
                 chosen.finishes = True
-        if chosen.finishes:
-            for step in chosen.steps:
+        for step in chosen.steps:  # an unfinished prefill waits for its next chunk
+            if step.kind != "prefill" or chosen.finishes:
                 step.done.set()
 
-    def _run_decode(self, steps: list[_Step]) -> None:
-        slots = self.slots
+    def _contiguous(self, steps: list[_Step]) -> None:
+        """Swap rows so the steps' sequences hold rows 0..B-1 (one view of the cache)."""
         for i, step in enumerate(sorted(steps, key=lambda s: s.seq.row)):
-            slots.swap(step.seq.row, i)  # the batch's rows become 0..B-1
+            self.slots.swap(step.seq.row, i)
+
+    def _run_decode(self, steps: list[_Step]) -> None:
+        self._contiguous(steps)
         steps.sort(key=lambda s: s.seq.row)
         t0 = self.clock()
         logits = self.model.decode_batch([s.ids[0] for s in steps], first_row=0)
@@ -330,6 +351,21 @@ class StepScheduler:
             step.result = logits[j]
         if self.record_steps:
             self.steps.append(("decode", len(steps), min(s.priority for s in steps)))
+
+    def _run_mixed(self, steps: list[_Step], n: int) -> None:
+        """Decode steps plus `n` tokens of the last step's prefill, in one graph run."""
+        *decodes, prefill = steps
+        self._contiguous(steps)
+        order = sorted(steps, key=lambda s: s.seq.row)
+        chunk = prefill.ids[prefill.offset : prefill.offset + n]
+        t0 = self.clock()
+        logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order])
+        self._tune_mix(self.clock() - t0)
+        for j, step in enumerate(order):
+            step.result = logits[j]
+        prefill.offset += n
+        if self.record_steps:
+            self.steps.append(("mixed", (len(decodes), n), min(s.priority for s in steps)))
 
     def _run_prefill(self, step: _Step, n: int) -> None:
         chunk = step.ids[step.offset : step.offset + n]
@@ -345,7 +381,7 @@ class StepScheduler:
 
 @dataclass
 class _Choice:
-    kind: Literal["prefill", "decode", "verify", "cancel"]
+    kind: Literal["prefill", "decode", "verify", "mixed", "cancel"]
     steps: list[_Step]
-    finishes: bool  # the steps are answered after this engine step
+    finishes: bool  # the prefill (if any) is answered after this engine step; others always
     tokens: int = 0  # prefill: tokens in this chunk

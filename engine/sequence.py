@@ -34,7 +34,7 @@ from .kvcache import KVSnapshot
 if TYPE_CHECKING:
     from .model import Model
 
-__all__ = ["PARKED", "DirectRunner", "Sequence", "StepRunner"]
+__all__ = ["PARKED", "DirectRunner", "Sequence", "SlotTable", "StepRunner"]
 
 PARKED = -1  # the row of a parked sequence
 
@@ -201,3 +201,22 @@ class Sequence:
             self.parked = KVSnapshot(
                 0, [a[:, :, :n] for a in snap.k], [a[:, :, :n] for a in snap.v]
             )
+
+
+class SlotTable:
+    """Which sequence owns which cache row."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.owner: list[Sequence | None] = [None] * model.batch_max
+
+    def swap(self, a: int, b: int) -> None:
+        if a == b:
+            return
+        self.model.swap_rows(a, b)
+        sa, sb = self.owner[a], self.owner[b]
+        self.owner[a], self.owner[b] = sb, sa
+        if sa is not None:
+            sa.row = b
+        if sb is not None:
+            sb.row = a

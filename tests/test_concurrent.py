@@ -76,6 +76,43 @@ def test_batched_decode_equals_decoding_alone(synthetic_gguf, tmp_path: Path, ar
         assert err <= 4e-2, f"{arch}: batched logits differ from the reference by {err:.2e}"
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_prefill_chunk_mixed_into_a_decode_step_equals_each_alone(
+    synthetic_gguf,  # noqa: F811
+    tmp_path: Path,
+    arch: str,
+) -> None:
+    """One graph run holding two decode tokens and a 9-token prefill chunk (rows left-padded
+    to one length) gives each row the logits it gets alone, bit for bit; the padding leaves
+    nothing behind (the rows go on decoding exactly)."""
+    path = synthetic_gguf(arch, "q4_k")
+    kw = {"cache_dir": tmp_path, "capacities": [64], "prefill_chunk": 16}
+    a, b, c = _prompt(200, 6, 1), _prompt(200, 13, 2), _prompt(200, 20, 3)
+    chunk, rest = c[:9], c[9:]
+    with Model.load(path, **kw) as m:
+        want_a = [m.prefill(a)]
+        want_a.append(m.decode(7))
+        want_a.append(m.decode(8))
+        m.rollback(0)
+        want_b = [m.prefill(b)]
+        want_b.append(m.decode(7))
+        want_b.append(m.decode(8))
+        m.rollback(0)
+        want_c = [m.prefill(chunk), m.prefill(rest)]
+    with Model.load(path, batch_max=4, **kw) as m:
+        m.prefill(a, row=0)
+        m.prefill(b, row=1)
+        mixed = m.step_rows([[7], [7], chunk])
+        assert [m.length(r) for r in range(3)] == [len(a) + 1, len(b) + 1, len(chunk)]
+        np.testing.assert_array_equal(mixed[0], want_a[1])
+        np.testing.assert_array_equal(mixed[1], want_b[1])
+        np.testing.assert_array_equal(mixed[2], want_c[0])
+        after = m.step_rows([[8], [8], rest])
+        np.testing.assert_array_equal(after[0], want_a[2])
+        np.testing.assert_array_equal(after[1], want_b[2])
+        np.testing.assert_array_equal(after[2], want_c[1])
+
+
 def test_rows_swap_with_their_contents(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
     """Swapping two KV slots moves each sequence's K/V with it: decoding continues exactly."""
     path = synthetic_gguf("llama", "q8_0")
