@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Literal
 
-from npuchat.engine.events import Metrics
+from npuchat.engine.events import Metrics, SamplingParams
 
 Role = Literal["system", "user", "assistant"]
 MessageStatus = Literal["complete", "stopped", "partial", "error"]
@@ -34,6 +34,16 @@ class ConversationSettings:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
+
+    def sampling(self) -> SamplingParams:
+        """The engine's sampling parameters for a reply of this conversation."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ConversationSettings:

@@ -27,15 +27,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic import write_synthetic_gguf
+from npu_sources import htp_sources
 
 from npuchat.engine.devices import QnnOptions, htp_device, qnn_versions
-from npuchat.engine.graph_builder import GraphSpec, build_graphs
-from npuchat.engine.npu_compile import adapt_for_htp, compile_graph
+from npuchat.engine.graph_builder import GraphSpec
+from npuchat.engine.npu_compile import compile_graph
 from npuchat.engine.npu_sizes import binary_bytes, gguf_tensor_bytes
 
 CAPACITY = 256
@@ -96,19 +93,9 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="npu-profile-") as tmp_name:
         tmp = Path(tmp_name)
-        gguf = write_synthetic_gguf(
-            tmp / "m.gguf",
-            "llama",
-            tensor_type="q4_0",
-            n_layers=args.layers,
-            d_model=args.d_model,
-            ffn_dim=3 * args.d_model,
-            tied_embeddings=False,
-        )
+        gguf, sources = htp_sources(tmp, specs, args.layers, args.d_model)
         tensors = gguf_tensor_bytes(gguf)
-        sources = build_graphs(gguf, specs, tmp / "src")
         for name, src in sources.items():
-            onnx.save_model(adapt_for_htp(onnx.load(str(src), load_external_data=False)), str(src))
             out = tmp / name
             out.mkdir()
             compile_graph(src, out / f"{name}_ctx.onnx", QnnOptions(), name)

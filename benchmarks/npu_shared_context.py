@@ -23,15 +23,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from synthetic import write_synthetic_gguf
+from npu_sources import htp_sources
 
 from npuchat.engine.devices import QnnOptions, htp_device, qnn_versions
-from npuchat.engine.graph_builder import build_graphs
-from npuchat.engine.npu_compile import adapt_for_htp, npu_specs
+from npuchat.engine.npu_compile import npu_specs
 from npuchat.engine.npu_sizes import binary_bytes, gguf_tensor_bytes
 
 
@@ -90,19 +86,8 @@ def main() -> int:
     print(f"onnxruntime-qnn {qnn_versions()[0]}, QAIRT {qnn_versions()[1]}")
     with tempfile.TemporaryDirectory(prefix="npu-shared-") as tmp_name:
         tmp = Path(tmp_name)
-        gguf = write_synthetic_gguf(
-            tmp / "m.gguf",
-            "llama",
-            tensor_type="q4_0",
-            n_layers=args.layers,
-            d_model=args.d_model,
-            ffn_dim=3 * args.d_model,
-            tied_embeddings=False,
-        )
         specs = {n: s for n, s in npu_specs(16, 3, 64, 0).items() if n in args.graphs.split(",")}
-        sources = build_graphs(gguf, specs, tmp / "src")
-        for src in sources.values():
-            onnx.save_model(adapt_for_htp(onnx.load(str(src), load_external_data=False)), str(src))
+        gguf, sources = htp_sources(tmp, specs, args.layers, args.d_model)
         tensors = gguf_tensor_bytes(gguf)
         print(f"GGUF tensor bytes: {tensors:,}; graphs: {', '.join(sources)}")
         for shared in (False, True):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from installed_model import syn  # noqa: F401  (fixture)
 from real_models import *  # noqa: F403  (fixtures)
 from scripted_engine import store  # noqa: F401  (fixture)
 from synthetic import synthetic_gguf  # noqa: F401  (fixture)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Label
 
 from npuchat.app.engine_port import ModelChoice
 from npuchat.app.settings import Settings
@@ -299,6 +300,11 @@ def reply_settled(screen: ChatScreen, count: int) -> Callable[[], bool]:
         return screen.generating is False and len(screen.query(AssistantMessage)) == count
 
     return settled
+
+
+def metric(screen: ChatScreen, row: str) -> str:
+    """What the metrics panel shows in `row` (state, ttft, model, ...)."""
+    return str(screen.query_one(f"#m-{row}", Label).render())
 
 
 Scenario = Callable[[Pilot[None], ChatScreen], Awaitable[None]]

@@ -5,7 +5,8 @@ order, tokenizer arrays), so every part of the engine — the GGUF reader, the t
 builder — reads it exactly as it reads a real file. Weights are random but scaled like a trained
 network (std ~ 1/sqrt(fan_in), norm weights ~ 1) so logits are well-conditioned: distinct, not
 flat, not exploding. The vocabulary is real: a byte-level BPE (or a SentencePiece-style vocab for
-Phi-3) trained deterministically on the built-in text below, plus each family's chat specials.
+Phi-3 and Gemma) trained deterministically on a fixed text, plus each family's chat specials
+(`synthetic_vocab`); the newer archs' metadata comes from `synthetic_archs`.
 
 `gguf.quants.quantize` has no K-quant encoders, so Q4_K and Q6_K blocks are packed here (simple
 per-block min/max quantizers that invert gguf-py's dequantizers); the round trip is tested.
@@ -16,27 +17,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
-from synthetic_archs import (
-    WIDE_HEAD_ARCHS,
-    add_gemma_vocab,
-    add_window_metadata,
-    llama3_freq_factors,
-)
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from synthetic_archs import WIDE_HEAD_ARCHS, add_window_metadata, llama3_freq_factors
+from synthetic_vocab import add_bpe_vocab, add_spm_vocab
 
 __all__ = [
     "ARCHS",
     "K_QUANT_TYPES",
-    "PHI3_CHAT_TEMPLATE",
-    "QWEN25_TOOL_TEMPLATE",
     "TENSOR_TYPES",
     "ggml_type",
     "quantize_tensor",
@@ -49,76 +42,6 @@ TENSOR_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k")
 K_QUANT_TYPES = ("q4_k", "q6_k")
 QK_K = 256
 
-# Fixed training text: English prose and Python, so the merges look like a real model's.
-CORPUS = """\
-The quick brown fox jumps over the lazy dog. A small model can still say hello to the world.
-Hello world! How are you today? I am fine, thank you. What is the capital of France? Paris.
-The weather is nice and the sun is shining. We went to the market to buy apples and bread.
-Language models read tokens, one after another, and predict the next token in the sequence.
-A neural network learns weights from data; the attention layer looks back at earlier tokens.
-Please write a function that returns the sum of two numbers, and explain how it works.
-Sure! Here is a short answer with a code example in Python, followed by a test.
-This is a test of the tokenizer. It should handle numbers like 42, 3.14 and 2024 as well.
-Contractions such as don't, can't, it's, we'll and they've appear in everyday English text.
-
-def add(a, b):
-    \"\"\"Return the sum of a and b.\"\"\"
-    return a + b
-
-
-class Counter:
-    def __init__(self, start=0):
-        self.value = start
-
-    def increment(self, step=1):
-        self.value += step
-        return self.value
-
-
-for i in range(10):
-    if i % 2 == 0:
-        print(f"even: {i}")
-    else:
-        print("odd:", i)
-
-import numpy as np
-x = np.zeros((3, 4), dtype=np.float32)
-result = [word.lower() for word in text.split() if word]
-with open("data.txt") as f:
-    lines = f.readlines()
-"""
-
-_CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-_PHI3_SPECIALS = ("<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>")
-
-
-def _chatml_template(default_system: str) -> str:
-    """A ChatML template in the shape SmolLM2's and Qwen2.5's GGUFs carry."""
-    return (
-        "{% for message in messages %}"
-        "{% if loop.first and messages[0]['role'] != 'system' %}"
-        "{{ '<|im_start|>system\\n" + default_system + "<|im_end|>\\n' }}"
-        "{% endif %}"
-        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-        "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-    )
-
-
-PHI3_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{{ '<|system|>\\n' + message['content'] + '<|end|>\\n' }}"
-    "{% elif message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + '<|end|>\\n' }}"
-    "{% elif message['role'] == 'assistant' %}"
-    "{{ '<|assistant|>\\n' + message['content'] + '<|end|>\\n' }}"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
-)
-
-# Qwen2.5's chat template, copied from the qwen2.5-coder-0.5b GGUF (`tokenizer.chat_template`):
-# tools go into the system block, calls come back as <tool_call>{json}</tool_call>.
-QWEN25_TOOL_TEMPLATE = (Path(__file__).parent / "templates" / "qwen2.5.jinja").read_text()
-
 # Per-arch hyperparameters in the spirit of the real models (SmolLM2, Qwen2.5, Phi-3).
 _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"rope_theta": 100000.0, "rms_eps": 1e-5, "tied": True, "vocab": "bpe"},
@@ -127,113 +50,6 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": True, "vocab": "bpe"},
     "gemma3": {"rope_theta": 1000000.0, "rms_eps": 1e-6, "tied": True, "vocab": "gemma"},
 }
-
-
-# --------------------------------------------------------------------------- vocabularies
-
-
-@lru_cache(maxsize=4)
-def _train_bpe(vocab_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Byte-level BPE tokens (GPT-2 byte-to-unicode form, by id) and merges ("a b")."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
-    model = json.loads(tok.to_str())["model"]
-    vocab: dict[str, int] = model["vocab"]
-    tokens = tuple(sorted(vocab, key=vocab.__getitem__))
-    merges = tuple(m if isinstance(m, str) else " ".join(m) for m in model["merges"])
-    return tokens, merges
-
-
-@lru_cache(maxsize=4)
-def _train_spm(vocab_size: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """SentencePiece-style pieces: merged pieces in merge order, then the single characters."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False)
-    tok.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
-    model = json.loads(tok.to_str())["model"]
-    merges = [m.split(" ") if isinstance(m, str) else m for m in model["merges"]]
-    merged = tuple(a + b for a, b in merges)
-    merged_set = set(merged)
-    vocab: dict[str, int] = model["vocab"]
-    singles = tuple(t for t in sorted(vocab, key=vocab.__getitem__) if t not in merged_set)
-    return merged, singles
-
-
-def _add_bpe_vocab(w: GGUFWriter, arch: str, template: str | None = None) -> int:
-    tokens, merges = _train_bpe(400)
-    normal = list(tokens)
-    specials = list(_CHATML_SPECIALS)
-    # SmolLM2 puts its specials first, Qwen2.5 last; keep both layouts covered.
-    all_tokens = specials + normal if arch == "llama" else normal + specials
-    types = [TokenType.CONTROL if t in _CHATML_SPECIALS else TokenType.NORMAL for t in all_tokens]
-    ids = {t: i for i, t in enumerate(all_tokens)}
-    pre = {"llama": "smollm", "qwen2": "qwen2", "qwen3": "qwen2"}.get(arch, "llama-bpe")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(all_tokens)
-    w.add_token_types([int(t) for t in types])
-    w.add_token_merges(list(merges))
-    if arch == "llama":
-        w.add_bos_token_id(ids["<|im_start|>"])
-        w.add_unk_token_id(ids["<|endoftext|>"])
-    else:
-        w.add_bos_token_id(ids["<|endoftext|>"])
-    w.add_eos_token_id(ids["<|im_end|>"])
-    qwen = arch in ("qwen2", "qwen3")
-    w.add_pad_token_id(ids["<|endoftext|>"] if qwen else ids["<|im_end|>"])
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
-    system = "You are a tiny synthetic test model." if qwen else "You are SynthLM."
-    w.add_chat_template(template or _chatml_template(system))
-    return len(all_tokens)
-
-
-def _add_spm_vocab(w: GGUFWriter, family: str = "phi3") -> int:
-    """A SentencePiece vocabulary in Phi-3's layout, or Gemma's (`family="gemma"`)."""
-    if family == "gemma":
-        return add_gemma_vocab(w, *_train_spm(300))
-    merged, singles = _train_spm(300)
-    tokens: list[str] = ["<unk>", "<s>", "</s>"]
-    types: list[int] = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
-    scores: list[float] = [0.0, 0.0, 0.0]
-    for b in range(256):
-        tokens.append(f"<0x{b:02X}>")
-        types.append(TokenType.BYTE)
-        scores.append(0.0)
-    # Like Llama's tokenizer.model: score = -rank, merged pieces first, characters last.
-    for rank, piece in enumerate((*merged, *singles)):
-        tokens.append(piece)
-        types.append(TokenType.NORMAL)
-        scores.append(-float(rank))
-    for special in _PHI3_SPECIALS:
-        tokens.append(special)
-        types.append(TokenType.CONTROL)
-        scores.append(0.0)
-    ids = {t: i for i, t in enumerate(tokens)}
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types([int(t) for t in types])
-    w.add_bos_token_id(ids["<s>"])
-    w.add_eos_token_id(ids["<|endoftext|>"])
-    w.add_eot_token_id(ids["<|end|>"])
-    w.add_unk_token_id(ids["<unk>"])
-    w.add_pad_token_id(ids["<|endoftext|>"])
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(True)
-    w.add_chat_template(PHI3_CHAT_TEMPLATE)
-    return len(tokens)
 
 
 # --------------------------------------------------------------------------- quantization
@@ -390,9 +206,9 @@ def write_synthetic_gguf(
     if arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(context_length)
     if vocab == "bpe":
-        n_vocab = _add_bpe_vocab(w, arch, chat_template)
+        n_vocab = add_bpe_vocab(w, arch, chat_template)
     elif vocab in ("spm", "gemma"):
-        n_vocab = _add_spm_vocab(w, "gemma" if vocab == "gemma" else "phi3")
+        n_vocab = add_spm_vocab(w, "gemma" if vocab == "gemma" else "phi3")
     else:
         raise ValueError(f"unknown vocab {vocab!r}; use 'bpe', 'spm' or 'gemma'")
     if arch == "llama":  # SmolLM2's GGUF records it; the others leave it to token_embd's shape

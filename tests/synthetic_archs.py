@@ -1,8 +1,7 @@
 """The parts of the synthetic GGUFs that belong to the newer architectures (used by synthetic.py).
 
-Gemma 3's vocabulary is a SentencePiece one in Gemma's layout (pad, eos, bos, unk first, turn
-markers as control tokens, no space prefix, BOS added), with a Gemma-style chat template; its
-sliding layers are written with llama.cpp's keys. Llama 3's per-frequency rope factors follow
+Gemma 3's sliding layers are written with llama.cpp's keys (its vocabulary is in
+`synthetic_vocab`). Llama 3's per-frequency rope factors follow
 Meta's llama3 scaling rule (factor 8, low/high frequency factors 1 and 4, original context 8192),
 the rule llama.cpp's converter uses to write `rope_freqs.weight`, with the original context
 scaled down to 32 positions so that the factors change the logits within a test's few tokens.
@@ -11,64 +10,11 @@ scaled down to 32 positions so that the factors change the logits within a test'
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGUFWriter
 
-__all__ = [
-    "GEMMA_CHAT_TEMPLATE",
-    "WIDE_HEAD_ARCHS",
-    "add_gemma_vocab",
-    "add_window_metadata",
-    "llama3_freq_factors",
-]
+__all__ = ["WIDE_HEAD_ARCHS", "add_window_metadata", "llama3_freq_factors"]
 
 WIDE_HEAD_ARCHS = frozenset({"qwen3", "gemma3"})  # head_dim > d_model / n_heads, like the real ones
-
-_GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
-
-# The shape of Gemma 3 instruct GGUFs' template: no system role (it opens the first user turn).
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% if messages[0]['role'] == 'system' %}"
-    "{% set first_user_prefix = messages[0]['content'] + '\\n\\n' %}"
-    "{% set loop_messages = messages[1:] %}"
-    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
-    "{% for message in loop_messages %}"
-    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
-)
-
-
-def add_gemma_vocab(w: GGUFWriter, merged: tuple[str, ...], singles: tuple[str, ...]) -> int:
-    """Write a Gemma-layout SentencePiece vocabulary; returns its size."""
-    tokens = list(_GEMMA_SPECIALS)
-    types = [TokenType.CONTROL] * 3 + [TokenType.UNKNOWN] + [TokenType.CONTROL] * 2
-    scores = [0.0] * len(tokens)
-    for b in range(256):
-        tokens.append(f"<0x{b:02X}>")
-        types.append(TokenType.BYTE)
-        scores.append(0.0)
-    for rank, piece in enumerate((*merged, *singles)):
-        tokens.append(piece)
-        types.append(TokenType.NORMAL)
-        scores.append(-float(rank))
-    ids = {t: i for i, t in enumerate(tokens)}
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types([int(t) for t in types])
-    w.add_bos_token_id(ids["<bos>"])
-    w.add_eos_token_id(ids["<eos>"])
-    w.add_unk_token_id(ids["<unk>"])
-    w.add_pad_token_id(ids["<pad>"])
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_add_space_prefix(False)
-    w.add_chat_template(GEMMA_CHAT_TEMPLATE)
-    return len(tokens)
 
 
 def add_window_metadata(w: GGUFWriter, arch: str, window: int | None, pattern: int | None) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from real_models import REFERENCE_DIR
-from synthetic import PHI3_CHAT_TEMPLATE
+from synthetic_vocab import PHI3_CHAT_TEMPLATE
 
 from npuchat.engine.chat_template import ChatTemplate
 from npuchat.engine.gguf_reader import GGUFFile

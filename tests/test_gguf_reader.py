@@ -99,29 +99,16 @@ def test_config_defaults_per_arch(arch: str, synthetic_gguf: MakeGGUF) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_config_custom_dims(arch: str, tmp_path: Path) -> None:
     tied = not EXPECTED_ARCH[arch]["tied"]
+    dims = {"n_layers": 3, "d_model": 96, "n_heads": 6, "n_kv_heads": 3, "ffn_dim": 160}
     path = write_synthetic_gguf(
         tmp_path / "m.gguf",
         arch,
         tensor_type="f16",
-        n_layers=3,
-        d_model=96,
-        n_heads=6,
-        n_kv_heads=3,
-        ffn_dim=160,
         context_length=1024,
         tied_embeddings=tied,
+        **dims,
     )
-    _check_config(
-        path,
-        arch,
-        n_layers=3,
-        d_model=96,
-        n_heads=6,
-        n_kv_heads=3,
-        ffn_dim=160,
-        context_length=1024,
-        tied=tied,
-    )
+    _check_config(path, arch, context_length=1024, tied=tied, **dims)
 
 
 def _expected_tensors(arch: str, n_layers: int, tied: bool) -> set[str]:

@@ -72,25 +72,19 @@ def scripted_run(model: Model, seq: list[int]) -> dict[int, np.ndarray]:
     return rows
 
 
-@pytest.mark.parametrize("accuracy_level", [0, 4])
-@pytest.mark.parametrize("type_name", TENSOR_TYPES)
-@pytest.mark.parametrize("arch", ARCHS)
-def test_logits_match_reference(
-    synthetic_gguf,
-    tmp_path: Path,
-    arch: str,
-    type_name: str,
-    accuracy_level: int,
+def assert_script_matches_reference(
+    path: Path, cache_dir: Path, seed: int, type_name: str, accuracy_level: int
 ) -> None:
-    path = synthetic_gguf(arch, type_name)
+    """`scripted_run` over 64 random tokens (from `seed`): every logits row is the vocabulary's
+    width and within `tolerance` of the reference's row, relative to its largest |logit|."""
     ref = ReferenceModel(path)
     vocab = ref.config.vocab_size
-    seq = [int(t) for t in np.random.default_rng(7).integers(0, vocab, 64)]
+    seq = [int(t) for t in np.random.default_rng(seed).integers(0, vocab, 64)]
     expect = ref.logits(seq)
     scale = float(np.abs(expect).max())
     with Model.load(
         path,
-        cache_dir=tmp_path,
+        cache_dir=cache_dir,
         prefill_chunk=P,
         verify_k=4,
         capacities=CAPS,
@@ -102,6 +96,20 @@ def test_logits_match_reference(
         assert row.shape == (vocab,) and row.dtype == np.float32
         err = float(np.abs(row - expect[pos]).max()) / scale
         assert err <= tol, f"position {pos}: max|diff|/max|logit| = {err:.2e} > {tol:.0e}"
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+@pytest.mark.parametrize("type_name", TENSOR_TYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_reference(
+    synthetic_gguf,
+    tmp_path: Path,
+    arch: str,
+    type_name: str,
+    accuracy_level: int,
+) -> None:
+    path = synthetic_gguf(arch, type_name)
+    assert_script_matches_reference(path, tmp_path, 7, type_name, accuracy_level)
 
 
 def _gemma_linear_rope(w: GGUFWriter) -> None:
@@ -131,23 +139,7 @@ def test_feature_variants_match_reference(
     window crossed by the script, and linear rope scaling on Gemma's global layers only."""
     arch, kw = VARIANTS[variant]
     path = synthetic_gguf(arch, type_name, **kw)
-    ref = ReferenceModel(path)
-    seq = [int(t) for t in np.random.default_rng(8).integers(0, ref.config.vocab_size, 64)]
-    expect = ref.logits(seq)
-    scale = float(np.abs(expect).max())
-    with Model.load(
-        path,
-        cache_dir=tmp_path,
-        prefill_chunk=P,
-        verify_k=4,
-        capacities=CAPS,
-        accuracy_level=accuracy_level,
-    ) as model:
-        rows = scripted_run(model, seq)
-    tol = tolerance(type_name, accuracy_level)
-    for pos, row in rows.items():
-        err = float(np.abs(row - expect[pos]).max()) / scale
-        assert err <= tol, f"position {pos}: max|diff|/max|logit| = {err:.2e} > {tol:.0e}"
+    assert_script_matches_reference(path, tmp_path, 8, type_name, accuracy_level)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from scripted_engine import ScriptedEngine, ScriptedReply, make_app, wait_for_chat, wait_until
-from synthetic import write_synthetic_gguf
 from textual.pilot import Pilot
 
 from npuchat.app import store_schema
@@ -33,14 +32,6 @@ from npuchat.engine.paths import Paths
 
 SLOW_CLI = Path(__file__).with_name("harness_cli.py")
 RUN_ARGS = ("-n", "150", "--conversation", "new", "-t", "0")
-
-
-@pytest.fixture()
-def syn(isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
-    assert main(["import", str(path), "--name", "syn"]) == 0
-    capsys.readouterr()
-    return path
 
 
 def _db() -> Path:

@@ -237,14 +237,6 @@ def test_import_names_what_is_wrong_with_the_path(
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.fixture()
-def syn(isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
-    assert main(["import", str(path), "--name", "syn"]) == 0
-    capsys.readouterr()
-    return path
-
-
 # ---- a model file damaged after import -------------------------------------------------------
 
 

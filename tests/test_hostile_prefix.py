@@ -14,20 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic import write_synthetic_gguf
 
 from npuchat.app.cli import main
 from npuchat.engine.kvcache import KVSnapshot
 from npuchat.engine.prefix_store import PrefixStore
-
-
-@pytest.fixture()
-def syn(isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
-    assert main(["import", str(path), "--name", "syn"]) == 0
-    capsys.readouterr()
-    return path
-
 
 # ---- prefix snapshots of the wrong shape ------------------------------------------------------
 

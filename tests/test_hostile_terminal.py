@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from installed_model import install_as_syn
 from real_models import REFERENCE_DIR
 from scripted_engine import ScriptedEngine, make_app, wait_for_chat
 from synthetic import write_synthetic_gguf
 from textual import events
 from textual.widgets import TextArea
 
-from npuchat.app.cli import main
 from npuchat.app.store import ConversationStore
 from npuchat.app.text_safety import escape_controls
 from npuchat.app.tui.composer import Composer
@@ -42,10 +42,7 @@ EVIL = "red \x1b[31m title \x1b]0;PWNED\x07 clip \x1b]52;c;ZXZpbA==\x07 alt \x1b
 
 @pytest.fixture()
 def syn(isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = write_synthetic_gguf(tmp_path / "syn.gguf", "qwen2", seed=5)
-    assert main(["import", str(path), "--name", "syn"]) == 0
-    capsys.readouterr()
-    return path
+    return install_as_syn(write_synthetic_gguf(tmp_path / "syn.gguf", "qwen2", seed=5), capsys)
 
 
 # ---- npuchat run on a terminal ---------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from installed_model import install_as_syn
 from scripted_engine import ScriptedEngine, ScriptedReply, make_app, wait_for_chat, wait_until
 from synthetic import write_synthetic_gguf
 from textual.pilot import Pilot
@@ -44,9 +45,7 @@ def syn_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def syn(isolated_home: Path, syn_gguf: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    assert main(["import", str(syn_gguf), "--name", "syn"]) == 0
-    capsys.readouterr()
-    return syn_gguf
+    return install_as_syn(syn_gguf, capsys)
 
 
 BAD_RUN_VALUES = [

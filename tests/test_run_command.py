@@ -7,19 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from synthetic import write_synthetic_gguf
 
 from npuchat.app.cli import main
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.tokenizer import Tokenizer
-
-
-@pytest.fixture()
-def syn(isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
-    assert main(["import", str(path), "--name", "syn"]) == 0
-    capsys.readouterr()
-    return path
 
 
 def _json_lines(out: str) -> tuple[list[dict], dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 from serve_helpers import serving
-from synthetic import QWEN25_TOOL_TEMPLATE
+from synthetic_vocab import QWEN25_TOOL_TEMPLATE
 
 from npuchat.engine.events import (
     ChatMessage,

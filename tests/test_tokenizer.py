@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from real_models import REFERENCE_DIR
-from synthetic import CORPUS
+from synthetic_vocab import CORPUS
 
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.tokenizer import Tokenizer, TokenType

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,19 @@ class Reply:
 
     def usage(self) -> dict[str, Any]:
         return figures.usage(self.metrics, self.completion_tokens)
+
+
+async def recorded(first: Event, rest: AsyncIterator[Event], reply: Reply) -> AsyncIterator[Event]:
+    """`first`, then `rest`, each added to `reply`, up to and including the terminal event."""
+    reply.add(first)
+    yield first
+    if reply.terminal is not None:
+        return
+    async for event in rest:
+        reply.add(event)
+        yield event
+        if reply.terminal is not None:
+            return
 
 
 def sse(data: dict[str, Any] | str) -> bytes:

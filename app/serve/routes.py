@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from npuchat.engine.events import ChatEngine, Event, Failed
 
 from .metrics import ServerMetrics
-from .responses import ChatShape, Reply, TextShape
+from .responses import ChatShape, Reply, TextShape, recorded
 from .runner import Admission, QueueFull, run_events
 from .schema import (
     ApiError,
@@ -37,6 +37,7 @@ from .schema import (
 from .streaming import EventStream, chat_chunks, text_chunks
 
 T = TypeVar("T")
+B = TypeVar("B", ChatCompletionIn, CompletionIn)
 MAX_BODY_BYTES = 4 << 20
 
 
@@ -134,12 +135,8 @@ def _check_model(service: Service, name: str) -> None:
 
 async def _collect(first: Event, rest: AsyncIterator[Event]) -> Reply:
     reply = Reply()
-    reply.add(first)
-    if reply.terminal is None:
-        async for event in rest:
-            reply.add(event)
-            if reply.terminal is not None:
-                break
+    async for _ in recorded(first, rest, reply):
+        pass
     return reply
 
 
@@ -197,11 +194,16 @@ def _conversation(given: str | None, prepared: Prepared) -> str:
     return "http-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-async def chat_completions(request: Request) -> Response:
+async def _body(request: Request, schema: type[B]) -> tuple[Service, B]:
+    """The service and the request's body read as `schema`, for a model this server serves."""
     service: Service = request.app.state.service
-    raw = await read_json(request, service.max_body_bytes)
-    body = parse(ChatCompletionIn, raw)
+    body: B = parse(schema, await read_json(request, service.max_body_bytes))
     _check_model(service, body.model)
+    return service, body
+
+
+async def chat_completions(request: Request) -> Response:
+    service, body = await _body(request, ChatCompletionIn)
     prepared = prepare_chat(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
     shape = ChatShape(service.model.id, tools=prepared.tools)
@@ -217,10 +219,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    service: Service = request.app.state.service
-    raw = await read_json(request, service.max_body_bytes)
-    body = parse(CompletionIn, raw)
-    _check_model(service, body.model)
+    service, body = await _body(request, CompletionIn)
     prepared = prepare_completion(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
     shape = TextShape(service.model.id)

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from npuchat.engine.events import Event, Failed, TokenDelta
 
-from .responses import ChatShape, Reply, TextShape, sse
+from .responses import ChatShape, Reply, TextShape, recorded, sse
 from .schema import ApiError
 from .tools import ToolCallSplitter
 
@@ -43,12 +43,6 @@ class EventStream(StreamingResponse):
             await self.listen_for_disconnect(receive)
             self.cancel.set()
             group.cancel_scope.cancel()
-
-
-async def _with_first(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    yield first
-    async for event in rest:
-        yield event
 
 
 def _error_chunk(event: Failed) -> bytes:
@@ -83,17 +77,13 @@ async def chat_chunks(
         return out
 
     yield sse(shape.chunk({"role": "assistant", "content": ""}))
-    async for event in _with_first(first, rest):
-        reply.add(event)
+    async for event in recorded(first, rest, reply):
         if isinstance(event, TokenDelta):
             for chunk in pieces(event.text):
                 yield chunk
-        elif isinstance(event, Failed):
-            yield _error_chunk(event)
-            break
-        if reply.terminal is not None:
-            break
-    if not isinstance(reply.terminal, Failed):
+    if isinstance(reply.terminal, Failed):
+        yield _error_chunk(reply.terminal)
+    else:
         for chunk in pieces("", final=True):
             yield chunk
         yield sse(shape.chunk({}, reply.finish_reason(calls > 0)))
@@ -112,16 +102,12 @@ async def text_chunks(
     done: Callable[[Reply], None],
 ) -> AsyncIterator[bytes]:
     reply = Reply()
-    async for event in _with_first(first, rest):
-        reply.add(event)
+    async for event in recorded(first, rest, reply):
         if isinstance(event, TokenDelta) and event.text:
             yield sse(shape.chunk(event.text))
-        elif isinstance(event, Failed):
-            yield _error_chunk(event)
-            break
-        if reply.terminal is not None:
-            break
-    if not isinstance(reply.terminal, Failed):
+    if isinstance(reply.terminal, Failed):
+        yield _error_chunk(reply.terminal)
+    else:
         yield sse(shape.chunk("", reply.finish_reason()))
         if include_usage:
             yield sse(shape.usage_chunk(reply))

@@ -75,12 +75,7 @@ class ConversationActions:
         async def done(settings: ConversationSettings | None) -> None:
             if settings is None:
                 return
-            current = screen.conversation
-            if current is not None:
-                self._store.update_settings(current.id, settings)
-                await screen.conversation_changed(current.id)
-            else:
-                screen.new_chat_settings = settings
+            await self._apply(settings)
             screen.notify("Settings saved; they apply from the next reply.", timeout=3)
 
         app_settings = screen.npuchat.settings
@@ -97,16 +92,20 @@ class ConversationActions:
     async def use_model(self, name: str) -> None:
         """The conversation on screen (or the new chat) uses `name` from its next reply."""
         screen = self.screen
-        settings = replace(screen.current_settings, model=name)
+        await self._apply(replace(screen.current_settings, model=name))
+        known = {m.name: m for m in screen.npuchat.models() or []}
+        pulled = "" if name not in known or known[name].installed else " (pulled first)"
+        screen.notify(f"This chat uses {name} from the next reply{pulled}.", timeout=4)
+
+    async def _apply(self, settings: ConversationSettings) -> None:
+        """Store `settings` for the conversation on screen, or keep them for the new chat."""
+        screen = self.screen
         current = screen.conversation
         if current is not None:
             self._store.update_settings(current.id, settings)
             await screen.conversation_changed(current.id)
         else:
             screen.new_chat_settings = settings
-        known = {m.name: m for m in screen.npuchat.models() or []}
-        pulled = "" if name not in known or known[name].installed else " (pulled first)"
-        screen.notify(f"This chat uses {name} from the next reply{pulled}.", timeout=4)
 
     def export(self, fmt: str = "markdown") -> None:
         screen = self.screen

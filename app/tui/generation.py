@@ -26,7 +26,6 @@ from npuchat.engine.events import (
     Metrics,
     MetricsUpdate,
     Notice,
-    SamplingParams,
     TerminalEvent,
     TokenDelta,
 )
@@ -134,16 +133,9 @@ def build_request(
         for m in history
         if m.role == "user" or (m.role == "assistant" and m.content.strip())
     )
-    sampling = SamplingParams(
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        max_tokens=settings.max_tokens,
-        seed=settings.seed,
-    )
     return ChatRequest(
         conversation_id=conversation_id,
         system_prompt=settings.system_prompt,
         messages=messages,
-        sampling=sampling,
+        sampling=settings.sampling(),
     )

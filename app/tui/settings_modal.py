@@ -18,7 +18,6 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, TextArea
 
 from npuchat.app.store_records import ConversationSettings
-from npuchat.engine.events import SamplingParams
 from npuchat.engine.sampling_domain import sampling_problems
 
 
@@ -75,13 +74,7 @@ def parse_field(spec: _Field, raw: str) -> object:
 
 def check_domains(settings: ConversationSettings) -> None:
     """The engine's own sampling check (`sampling_domain`), worded with this dialog's labels."""
-    sampling = SamplingParams(
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        max_tokens=settings.max_tokens,
-        seed=settings.seed,
-    )
+    sampling = settings.sampling()
     labels = {spec.name: spec.label for spec in _FIELDS}
     problems = [(labels.get(name, name), why) for name, why in sampling_problems(sampling)]
     if problems:
