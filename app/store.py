@@ -173,20 +173,22 @@ class ConversationStore:
             raise NpuchatError(f"conversation {conversation_id} does not exist")
         return conversation_from_row(row)
 
-    def list_conversations(self) -> list[Conversation]:
-        """Most recently updated first."""
+    def list_conversations(self, limit: int = -1) -> list[Conversation]:
+        """Most recently updated first; at most `limit` of them (-1: all)."""
         rows = self._read(
             lambda db: db.execute(
                 f"SELECT {_CONVERSATION_COLUMNS} FROM conversations"
-                " ORDER BY updated_at DESC, rowid DESC"
+                " ORDER BY updated_at DESC, rowid DESC LIMIT ?",
+                (limit,),
             ).fetchall()
         )
         return [conversation_from_row(r) for r in rows]
 
-    def search(self, text: str) -> list[Conversation]:
-        """Conversations whose title or any message contains `text` (case-insensitive)."""
+    def search(self, text: str, limit: int = -1) -> list[Conversation]:
+        """Conversations whose title or any message contains `text` (case-insensitive), most
+        recently updated first; at most `limit` of them (-1: all)."""
         if not text.strip():
-            return self.list_conversations()
+            return self.list_conversations(limit)
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._read(
             lambda db: db.execute(
@@ -194,8 +196,8 @@ class ConversationStore:
                 " WHERE c.title LIKE :p ESCAPE '\\'"
                 " OR EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id"
                 "            AND m.content LIKE :p ESCAPE '\\')"
-                " ORDER BY updated_at DESC, rowid DESC",
-                {"p": pattern},
+                " ORDER BY updated_at DESC, rowid DESC LIMIT :limit",
+                {"p": pattern, "limit": limit},
             ).fetchall()
         )
         return [conversation_from_row(r) for r in rows]

@@ -89,7 +89,7 @@ class ChatScreen(ConversationScreen):
         self._show_engine()
         self.query_one(MetricsPanel).show(None, [], "no reply yet")
         self._apply_layout(self.app.size.width)
-        last = app.store.list_conversations()
+        last = app.store.list_conversations(limit=1)
         if last:
             await self.open_conversation(last[0].id)
         else:

@@ -91,7 +91,8 @@ class ConversationScreen(ReplyScreen):
         await self.open_conversation(event.conversation.id)
 
     @on(Sidebar.SearchChanged)
-    async def _search_changed(self, event: Sidebar.SearchChanged) -> None:
+    @on(Sidebar.PageChanged)
+    async def _search_changed(self, event: Sidebar.SearchChanged | Sidebar.PageChanged) -> None:
         await self.refresh_sidebar()
 
     # ---- what the message list shows -------------------------------------------------------

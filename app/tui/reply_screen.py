@@ -64,8 +64,9 @@ class ReplyScreen(PanelScreen):
 
     async def refresh_sidebar(self) -> None:
         sidebar = self.query_one(Sidebar)
-        conversations = self.npuchat.store.search(sidebar.search_text)
-        await sidebar.show(conversations, self.conversation_id, self.npuchat.now())
+        found = self.npuchat.store.search(sidebar.search_text, limit=sidebar.limit + 1)
+        more = len(found) > sidebar.limit
+        await sidebar.show(found[: sidebar.limit], self.conversation_id, self.npuchat.now(), more)
 
     async def conversation_changed(self, conversation_id: str) -> None:
         """The store changed a conversation (title, settings): show the new state."""

@@ -1,7 +1,10 @@
 """The conversation sidebar: a search box over a list of conversations.
 
 It only displays what it is given and reports what the user did (messages); the chat screen
-owns the store and decides what to list.
+owns the store and decides what to list. The list shows one page of the most recent matches
+(`Sidebar.limit`) and an "older chats" row that shows the next page: every row is a few
+widgets, rebuilt on each refresh, so a store with thousands of conversations must not put
+thousands of rows on screen (search reaches every conversation).
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ class ConversationItem(ListItem):
         self.query_one(".when", Label).update(text)
 
 
+class OlderItem(ListItem):
+    """The last row when more conversations match than the page shows."""
+
+    def __init__(self) -> None:
+        super().__init__(Label("Older chats…", classes="title", markup=False), classes="-older")
+
+
 class ConversationList(ListView):
     BINDINGS = bindings("list_delete")
 
@@ -62,13 +72,24 @@ class ConversationList(ListView):
 
 
 class Sidebar(Vertical):
+    PAGE = 50
+    """Conversations per page of the list."""
+
     generating: reactive[frozenset[str]] = reactive(frozenset(), init=False)
     """Ids of the conversations that have a reply in flight (marked in the list)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.limit = self.PAGE
+        """How many conversations the list shows now (grows a page per "older chats")."""
 
     class Selected(Message):
         def __init__(self, conversation: Conversation) -> None:
             super().__init__()
             self.conversation = conversation
+
+    class PageChanged(Message):
+        """The user asked for the next page of conversations."""
 
     class SearchChanged(Message):
         def __init__(self, text: str) -> None:
@@ -84,14 +105,26 @@ class Sidebar(Vertical):
         return self.query_one("#search", Input).value
 
     async def show(
-        self, conversations: Sequence[Conversation], selected_id: str | None, now: datetime
+        self,
+        conversations: Sequence[Conversation],
+        selected_id: str | None,
+        now: datetime,
+        more: bool = False,
     ) -> None:
-        """Replace the list; keep the current conversation highlighted without re-selecting."""
+        """Replace the list; keep the current conversation highlighted without re-selecting.
+        `more`: further conversations match (the list ends with a row that shows them)."""
         view = self.query_one(ConversationList)
+        paging = isinstance(view.highlighted_child, OlderItem)
         with self.prevent(ListView.Highlighted, ListView.Selected):
             await view.clear()
-            await view.extend(ConversationItem(c, now) for c in conversations)
-            index = next((i for i, c in enumerate(conversations) if c.id == selected_id), None)
+            rows: list[ListItem] = [ConversationItem(c, now) for c in conversations]
+            if more:
+                rows.append(OlderItem())
+            await view.extend(rows)
+            if paging:  # keep reading down: the first row of the new page
+                index: int | None = min(len(rows) - 1, self.limit - self.PAGE)
+            else:
+                index = next((i for i, c in enumerate(conversations) if c.id == selected_id), None)
             view.index = index
         self.watch_generating(self.generating)
 
@@ -102,6 +135,7 @@ class Sidebar(Vertical):
     @on(Input.Changed, "#search")
     def _search_changed(self, event: Input.Changed) -> None:
         event.stop()
+        self.limit = self.PAGE
         self.post_message(self.SearchChanged(event.value))
 
     @on(Input.Submitted, "#search")
@@ -114,3 +148,6 @@ class Sidebar(Vertical):
         event.stop()
         if isinstance(event.item, ConversationItem):
             self.post_message(self.Selected(event.item.conversation))
+        elif isinstance(event.item, OlderItem):
+            self.limit += self.PAGE
+            self.post_message(self.PageChanged())
