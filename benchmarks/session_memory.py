@@ -4,10 +4,11 @@
 
 Drives the real app (headless, through Textual's pilot) on a real model, the way a user does:
 Ctrl+N, type a question, wait for the reply, again. Prints RSS at turns 1, 10, 25, 50 and 100,
-the ratio of turn 100 to turn 10 (the budget: at most 1.2x), the prefix store's bytes and
-entries, the number of widgets alive, and the Python allocations that grew most between turns 10
-and the last (tracemalloc). The database and caches live in a private folder; graphs are built
-before the first turn is counted.
+the ratio of the last turn to turn 10 (the budget: at most 1.2x), the prefix store's bytes and
+entries, the widgets on screen and the DOM nodes Python still holds (mounted or not). With
+`--trace`, also the Python allocations that grew most from turn 10 to the last (tracemalloc; its
+own bookkeeping then inflates RSS, so the RSS figures of a traced run are not the budget's). The
+database and caches live in a private folder; graphs are built before the first turn is counted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+from textual.dom import DOMNode
 
 from npuchat.app.engine_factory import make_loader
 from npuchat.app.settings import Settings
@@ -46,8 +49,9 @@ def rss_mib() -> float:
     return 0.0
 
 
-async def drive(app: NpuchatApp, turns: int, max_tokens: int) -> list[tuple[int, float, str]]:
+async def drive(app: NpuchatApp, turns: int, trace: bool) -> list[tuple[int, float, str]]:
     rows: list[tuple[int, float, str]] = []
+    t0 = time.monotonic()
     async with app.run_test(size=(120, 40)) as pilot:
         while not isinstance(app.screen, ChatScreen):
             await pilot.pause(0.2)
@@ -65,14 +69,13 @@ async def drive(app: NpuchatApp, turns: int, max_tokens: int) -> list[tuple[int,
             while screen.generating or screen.conversation is None:
                 await pilot.pause(0.05)
             await pilot.pause(0.2)  # let the sidebar refresh that ends a reply finish
-            if turn == 10:
-                gc.collect()
-                tracemalloc.start(5)
-                rows.append((turn, rss_mib(), _detail(app, engine)))
-                snapshot_10 = tracemalloc.take_snapshot()
-            elif turn in CHECKPOINTS or turn == turns:
+            if turn in CHECKPOINTS or turn == turns:
                 gc.collect()
                 rows.append((turn, rss_mib(), _detail(app, engine)))
+                print(f"turn {turn}: {rows[-1][1]:.1f} MiB at {time.monotonic() - t0:.0f} s")
+                if turn == 10 and trace:
+                    tracemalloc.start(5)
+                    snapshot_10 = tracemalloc.take_snapshot()
         if tracemalloc.is_tracing():
             grown = tracemalloc.take_snapshot().compare_to(snapshot_10, "lineno")[:8]
             print("Python allocations that grew most after turn 10:")
@@ -87,7 +90,8 @@ def _detail(app: NpuchatApp, engine: object) -> str:
     store = "" if prefixes is None else f"prefix store {prefixes.nbytes / 2**20:.1f} MiB"
     store += f" in {len(prefixes)} entries" if prefixes is not None else ""
     widgets = sum(1 for _ in app.screen.walk_children())
-    return f"{store}, {widgets} widgets"
+    nodes = sum(1 for o in gc.get_objects() if isinstance(o, DOMNode))
+    return f"{store}, {widgets} widgets on screen, {nodes} DOM nodes alive"
 
 
 def main() -> int:
@@ -96,6 +100,7 @@ def main() -> int:
     p.add_argument("--gguf", type=Path, help="a GGUF to import as the model (else: pulled)")
     p.add_argument("--turns", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--trace", action="store_true", help="tracemalloc from turn 10 on")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="npuchat-mem-") as home:
         os.environ["NPUCHAT_HOME"] = home
@@ -115,7 +120,7 @@ def main() -> int:
             default, max_tokens=args.max_tokens, temperature=0.0
         )
         t0 = time.monotonic()
-        rows = asyncio.run(drive(app, args.turns, args.max_tokens))
+        rows = asyncio.run(drive(app, args.turns, args.trace))
         store.close()
     print(f"{args.turns} turns of {args.model} in {time.monotonic() - t0:.0f} s")
     print(f"{'turn':>5} {'RSS MiB':>9}  detail")

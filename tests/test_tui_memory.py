@@ -20,6 +20,7 @@ from textual.widgets import Input, ListView
 from npuchat.app.store import ConversationStore
 from npuchat.app.tui.chat_screen import ChatScreen
 from npuchat.app.tui.message_list import AssistantMessage
+from npuchat.app.tui.settings_modal import SettingsScreen
 from npuchat.app.tui.sidebar import ConversationItem, OlderItem, Sidebar
 
 REPLY = "A reply with **bold**, `code` and a list:\n\n- one\n- two\n\n```python\nx = 1\n```\n"
@@ -98,3 +99,22 @@ def test_the_sidebar_shows_a_page_of_a_large_store_and_pages_on(
         await wait_until(pilot, lambda: titles(screen) == ["Chat 0"], "the search result")
 
     run_chat(make_app(ScriptedEngine(), store), scenario)
+
+
+def test_closed_dialogs_are_released(store: ConversationStore) -> None:
+    """The settings dialog's system-prompt editor watches the app's theme; each dialog used to
+    stay alive through that watcher after it closed."""
+    counts: list[int] = []
+
+    async def scenario(pilot: Pilot[None], screen: ChatScreen) -> None:
+        for turn in range(6):
+            await pilot.press("ctrl+s")
+            await wait_until(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen), "dialog")
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: pilot.app.screen is screen, "the chat again")
+            await pilot.pause()
+            if turn in (1, 5):
+                counts.append(live_nodes())
+
+    run_chat(make_app(ScriptedEngine(), store), scenario)
+    assert counts[1] <= counts[0], f"{counts[1] - counts[0]} nodes kept by 4 closed dialogs"

@@ -7,10 +7,11 @@ right edge when there is no room for all of them.
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.dom import DOMNode
 from textual.reactive import reactive
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
+
+from npuchat.app.tui.watchers import drop_closed_watchers
 
 ESSENTIAL_ACTIONS = frozenset(
     {"submit", "stop", "continue_reply", "new_chat", "toggle_sidebar", "help", "command_palette"}
@@ -32,24 +33,8 @@ class ChatFooter(Footer):
 
     async def recompose(self) -> None:
         """Rebuild the keys (Textual does on every focus or binding change), then let the
-        removed keys go: each binds `compact` to this footer, and Textual drops such a watcher
-        only when `compact` changes, which it never does here. Without this every focus change
-        kept ~14 dead keys (~20 KiB each) alive for the life of the app."""
+        removed keys go: each binds `compact` to this footer, which changes only when the
+        terminal crosses a width breakpoint. Without this every focus change kept ~14 dead
+        keys (~20 KiB each) alive for the life of the app."""
         await super().recompose()
         drop_closed_watchers(self)
-
-
-def drop_closed_watchers(node: DOMNode) -> int:
-    """Remove the watchers that removed widgets left on `node`'s reactives; return how many.
-
-    Textual keeps a watcher on the watched object until that attribute next changes
-    (Textualize/textual#6666), so a long-lived node watched by short-lived widgets holds every
-    one of them. This applies Textual's own pruning rule (the watching node is closing) now.
-    """
-    watchers: dict[str, list[tuple[DOMNode, object]]] = getattr(node, "__watchers", {})
-    dropped = 0
-    for name, entries in watchers.items():
-        alive = [(owner, callback) for owner, callback in entries if not owner._closing]
-        dropped += len(entries) - len(alive)
-        watchers[name][:] = alive
-    return dropped

@@ -20,6 +20,7 @@ from npuchat.app.tui.footer import ChatFooter
 from npuchat.app.tui.layout import PanelLayout, layout_for
 from npuchat.app.tui.metrics_panel import MetricsPanel
 from npuchat.app.tui.sidebar import ConversationList, Sidebar
+from npuchat.app.tui.watchers import drop_closed_watchers
 
 if TYPE_CHECKING:
     from npuchat.app.tui.app import NpuchatApp
@@ -42,6 +43,10 @@ class PanelScreen(Screen[None]):
     @property
     def npuchat(self) -> NpuchatApp:
         return cast("NpuchatApp", self.app)
+
+    def on_screen_resume(self) -> None:
+        # Back from a dialog: its text areas watched the app's theme; let them go.
+        drop_closed_watchers(self.app)
 
     def on_resize(self, event: events.Resize) -> None:
         self._apply_layout(event.size.width)
