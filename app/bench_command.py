@@ -33,7 +33,7 @@ from npuchat.engine.pull import pull
 from .bench_readme import readme_section
 from .bench_render import render
 from .context import AppContext
-from .engine_factory import check_draft, open_engine
+from .engine_factory import BATCH_MAX, check_draft, open_engine
 from .engine_port import EngineSpec
 from .progress import RichPullProgress
 
@@ -92,7 +92,8 @@ def cmd_bench(ctx: AppContext, args: argparse.Namespace, console: Console) -> in
                 paths=replace(ctx.paths, cache_dir=run.main_cache),
                 settings=replace(ctx.settings, threads=threads or 0),
             )
-            session = open_engine(bench_ctx, EngineSpec(model, args.bench_draft, device))
+            spec = EngineSpec(model, args.bench_draft, device)
+            session = open_engine(bench_ctx, spec, batch_max=BATCH_MAX.get(device, 1))
             run.attach(session)
             run.measure_all()
             if llama is not None:

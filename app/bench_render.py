@@ -76,6 +76,18 @@ def _speed_tables(report: BenchReport) -> list[Table]:
     ]
 
 
+def _batched_table(report: BenchReport) -> Table | None:
+    if not report.batched:
+        return None
+    t = Table(title="Streams decoded together (one step for all)", title_justify="left")
+    for col in ("streams", "context", "tok/s (all)", "min–max", "× one stream"):
+        t.add_column(col, justify="right")
+    for r in report.batched:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}×"
+        t.add_row(str(r.streams), str(r.context), _fig(r.tps), _spread(r.tps), ratio)
+    return t
+
+
 def _stat_row(
     t: Table, label: str, f: Figure | None, note: str, scale: float = 1.0, digits: int = 1
 ) -> None:
@@ -176,6 +188,8 @@ def render(report: BenchReport) -> Group:
     if report.interrupted:
         parts.append(Text("interrupted: the figures below are what was measured", style="yellow"))
     parts += _speed_tables(report)
+    if (batched := _batched_table(report)) is not None:
+        parts.append(batched)
     parts.append(chart(report))
     parts.append(_summary_table(report))
     if (spec := _speculation(report)) is not None:

@@ -40,6 +40,7 @@ from .bench_child import (
     start_figures,
 )
 from .bench_report import (
+    BatchedRow,
     BenchReport,
     ChatFigures,
     DecodeRow,
@@ -50,7 +51,7 @@ from .bench_report import (
     SpeculationFigures,
     SpeculationRow,
 )
-from .bench_suites import PROMPTS, SPEC_MODES, SuiteConfig
+from .bench_suites import BATCHED_STREAMS, PROMPTS, SPEC_MODES, SuiteConfig
 from .bench_timers import (
     CHAT_SYSTEM,
     Reply,
@@ -59,6 +60,7 @@ from .bench_timers import (
     mode_figures,
     peak_rss_bytes,
     system_prompt,
+    time_batched_decode,
     time_decode,
     time_prefill,
     token_ids,
@@ -135,6 +137,7 @@ class BenchRun:
             + c.start_repeats
             + len(c.prefill_sizes)
             + len(c.decode_contexts)
+            + len(BATCHED_STREAMS)
             + len(c.prompts)
             + 3
             + len(c.prompts) * SPEC_MODES
@@ -205,6 +208,7 @@ class BenchRun:
     def measure_all(self) -> None:
         self.measure_prefill()
         self.measure_decode()
+        self.measure_batched()
         self.measure_chat()
         self.measure_prefix_reuse()
         self.measure_speculation()
@@ -248,6 +252,21 @@ class BenchRun:
             tps = Figure.of(time_decode(model, ctx, steps, self.config.repeats))
             self.report.decode.append(DecodeRow(ctx, steps, model.capacity, tps))
             self._step(f"decode at {ctx}")
+
+    def measure_batched(self) -> None:
+        """Several streams in one decode step (what the concurrent engine runs), 1/2/4."""
+        model = self._model()
+        ctx, steps = self.config.decode_contexts[0], self.config.decode_tokens
+        for b in BATCHED_STREAMS:
+            if b <= model.batch_max and ctx + steps + 1 <= model.max_capacity:
+                self._announce(f"decode of {b} streams at once")
+                tps = Figure.of(time_batched_decode(model, b, ctx, steps, self.config.repeats))
+                one = self.report.batched[0].tps.median if self.report.batched else None
+                ratio = tps.median / one if one else None
+                self.report.batched.append(BatchedRow(b, ctx, tps, 1.0 if b == 1 else ratio))
+            else:
+                self.report.skipped.append(f"{b} streams at once: the engine holds fewer")
+            self._step(f"{b} streams")
 
     def measure_chat(self) -> None:
         """Each request is a new conversation of a running app: the system prompt's KV is

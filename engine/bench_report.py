@@ -85,6 +85,17 @@ class DecodeRow:
 
 
 @dataclass
+class BatchedRow:
+    """Decode with `streams` sequences in one graph step each: every stream's tokens per second
+    together, and that over one stream's (the weights are read once per step for all)."""
+
+    streams: int
+    context: int
+    tps: Figure
+    ratio: float | None = None
+
+
+@dataclass
 class StartFigures:
     cold_s: Figure
     cached_s: Figure
@@ -188,6 +199,7 @@ class BenchReport:
     memory: MemoryFigures | None = None
     prefill: list[PrefillRow] = field(default_factory=list)
     decode: list[DecodeRow] = field(default_factory=list)
+    batched: list[BatchedRow] = field(default_factory=list)
     chat: ChatFigures | None = None
     prefix_reuse: PrefixReuseFigures | None = None
     speculation: SpeculationFigures | None = None

@@ -58,3 +58,4 @@ SUITES: dict[str, SuiteConfig] = {
     ),
 }
 SPEC_MODES = 4  # target, lookup, draft, both
+BATCHED_STREAMS = (1, 2, 4)  # streams decoded together (the CPU engine's KV slots)

@@ -112,6 +112,31 @@ def time_decode(model: Model, context: int, steps: int, repeats: int) -> list[fl
     return samples
 
 
+def time_batched_decode(
+    model: Model, streams: int, context: int, steps: int, repeats: int
+) -> list[float]:
+    """Aggregate decode tok/s of `streams` sequences stepped together (`Model.decode_batch`),
+    each `steps` greedy steps from `context` cached tokens of its own."""
+    vocab = model.config.vocab_size
+    for row in range(streams):
+        model.rollback(0, row=row)
+        model.prefill(token_ids(vocab, context, seed=10 + row), row=row)
+    firsts = token_ids(vocab, streams, seed=3)
+    samples = []
+    for i in range(repeats + 1):
+        for row in range(streams):
+            model.rollback(context, row=row)
+        tokens = list(firsts)
+        t = time.perf_counter()
+        for _ in range(steps):
+            tokens = [int(x) for x in model.decode_batch(tokens).argmax(axis=1)]
+        if i:
+            samples.append(streams * steps / (time.perf_counter() - t))
+    for row in range(streams):
+        model.rollback(0, row=row)
+    return samples
+
+
 def exercise(model: Model, prompt_tokens: int) -> None:
     """Run every graph shape a chat uses once (prefill, decode, verify), for the memory figure."""
     vocab = model.config.vocab_size

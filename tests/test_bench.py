@@ -127,6 +127,13 @@ def test_every_figure_is_sane(quick_run: dict[str, Any]) -> None:
         assert row["tps"]["median"] == pytest.approx(row["tokens"] / row["ms"]["median"] * 1e3)
     for row in report["decode"]:
         assert row["capacity"] >= row["context"] + row["tokens"]
+    # several streams in one step: the ratio is against the one-stream row of the same run
+    assert [r["streams"] for r in report["batched"]] == list(bench_suites.BATCHED_STREAMS)
+    assert report["batched"][0]["ratio"] == 1.0
+    for row in report["batched"][1:]:
+        assert row["ratio"] == pytest.approx(
+            row["tps"]["median"] / report["batched"][0]["tps"]["median"]
+        )
     start = report["start"]
     assert start["cold_graph_builds"] >= 1 and start["cached_graph_builds"] == 0
     assert start["cached_s"]["n"] == suite.start_repeats
