@@ -45,30 +45,17 @@ from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
-from .kvcache import KVCache, KVSnapshot
+from .kvcache import KVCache, KVSnapshot, default_capacities
 from .layer_inputs import rope_tables
 from .npu_compile import default_npu_capacity
 from .npu_graphs import NpuGraphs
 from .process_memory import releasing_file_pages
-from .quant import dequantize_rows
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
+from .token_embeddings import TokenEmbeddings
 
 __all__ = ["KVSnapshot", "Model", "ModelConfig", "default_capacities"]
 
 Progress = Callable[[str, float], None]
-_EMBED_CACHE_ROWS = 1024
-
-
-def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
-    """KV capacity variants up to the model's context (at most `limit`).
-
-    Every decode step reads the whole `[C]` cache (masked), so the waste is the gap between the
-    fill level and C: steps of 256 up to 2048 and of 1024 beyond keep it ≤ 25%. On the CPU a
-    variant costs nothing but the one copy when the cache moves to it (one symbolic graph).
-    """
-    top = max(1, min(context_length, limit))
-    steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
-    return [*(c for c in steps if c < top), top]
 
 
 class Model:
@@ -208,9 +195,8 @@ class Model:
             self._cpu = CpuSteps(self._session, cfg, self._kv)
         self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
         emb = self._gguf.tensors["token_embd.weight"]
-        self._emb_raw = self._gguf.raw("token_embd.weight")
-        self._emb_type = emb.ggml_type
-        self._emb_rows: dict[int, np.ndarray] = {}
+        raw = self._gguf.raw("token_embd.weight")
+        self.embed = TokenEmbeddings(raw, emb.ggml_type, cfg.d_model)
         positions = np.arange(self._kv.max_capacity)
         self._cos, self._sin = rope_tables(cfg, positions)
         self._cos_swa, self._sin_swa = rope_tables(cfg, positions, local=True)
@@ -262,7 +248,9 @@ class Model:
         self._cpu = None
         gguf = getattr(self, "_gguf", None)
         if gguf is not None:
-            self._emb_raw = np.empty(0, np.uint8)  # the view must go before the file closes
+            embed = getattr(self, "embed", None)
+            if embed is not None:
+                embed.release()  # the view must go before the file closes
             gguf.close()
             self._gguf = None
 
@@ -367,27 +355,6 @@ class Model:
         for j, row_ids in enumerate(rows_ids):
             kv.lengths[first_row + j] += len(row_ids)
         return logits
-
-    def embed(self, ids: Sequence[int]) -> np.ndarray:
-        """Token embeddings `[len(ids), d_model]`, decoded from the GGUF on the host.
-
-        Single tokens (decode) go through a small LRU of decoded rows: decoding one GGUF row
-        costs ~0.3 ms of numpy dispatch, a dictionary hit nothing.
-        """
-        if len(ids) == 1:
-            row = self._emb_rows.pop(ids[0], None)
-            if row is None:
-                row = self._decode_rows(ids)
-                if len(self._emb_rows) >= _EMBED_CACHE_ROWS:
-                    del self._emb_rows[next(iter(self._emb_rows))]
-            self._emb_rows[ids[0]] = row
-            return row
-        return self._decode_rows(ids)
-
-    def _decode_rows(self, ids: Sequence[int]) -> np.ndarray:
-        return dequantize_rows(
-            self._emb_raw, self._emb_type, self.config.d_model, np.asarray(ids, dtype=np.int64)
-        )
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
         if self._session is None and self._npu is None:
