@@ -88,6 +88,10 @@ class ChatRequest:
     continue_reply: bool = False
     """The last message is an assistant reply cut short (by max_tokens): extend that reply
     instead of starting a new one (the prompt ends with its text, not an end-of-turn)."""
+    reply_prefix: str = ""
+    """Text the reply starts with, written by the front end rather than the user (special
+    tokens in it are parsed): the model continues after it. `npuchat serve` forces a tool call
+    this way; the prefix is not streamed back."""
 
 
 @dataclass(frozen=True)

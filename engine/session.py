@@ -270,9 +270,13 @@ class ChatSession:
         reserve = max(1, min(request.sampling.max_tokens, cap // 4))
         messages = list(request.messages)
         dropped = 0
-        ids = self.prompt_ids(
-            request.system_prompt, messages, request.tools, request.continue_reply
-        )
+        forced = self.tokenizer.encode(request.reply_prefix, parse_special=True)
+
+        def ids_of(messages: list[ChatMessage]) -> list[int]:
+            system, tools, cont = request.system_prompt, request.tools, request.continue_reply
+            return self.prompt_ids(system, messages, tools, cont) + forced
+
+        ids = ids_of(messages)
         while len(ids) + reserve > cap:
             # a turn = one user message and the replies after it; the last user message stays
             firsts = [i for i, m in enumerate(messages) if m.role == "user"]
@@ -280,9 +284,7 @@ class ChatSession:
                 break
             messages = messages[firsts[1] :]
             dropped += 1
-            ids = self.prompt_ids(
-                request.system_prompt, messages, request.tools, request.continue_reply
-            )
+            ids = ids_of(messages)
         if len(ids) >= cap:
             raise InvalidRequestError(
                 f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "

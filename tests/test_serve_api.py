@@ -19,6 +19,7 @@ from serve_helpers import serving
 from npuchat.app.cli import main
 from npuchat.engine.events import (
     ChatMessage,
+    ChatRequest,
     ToolCall,
     ToolSpec,
 )
@@ -134,6 +135,50 @@ def test_tool_calls_are_parsed_from_the_reply() -> None:
     # without tools in the request the same text is just text
     assert "<tool_call>" in (plain.choices[0].message.content or "")
     assert plain.choices[0].message.tool_calls is None
+
+
+def test_tool_choice_forces_a_call() -> None:
+    """`tool_choice` naming a function: the reply is made to start inside that call (the
+    engine gets the block's opening as `reply_prefix`, and a stop at its end), the model
+    writes only the arguments, and the client gets the call. "required" leaves the name to
+    the model."""
+    replies = {
+        "get_weather": ScriptedReply(['{"city": ', '"Oslo"}}']),
+        "": ScriptedReply(['get_weather", "arguments": {"city": "Rome"}}\n</tool_call>']),
+    }
+
+    def reply(req: ChatRequest) -> ScriptedReply:
+        return replies["get_weather" if "get_weather" in req.reply_prefix else ""]
+
+    engine = ScriptedEngine(reply)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with serving(engine) as (_, client):
+        r = client.chat.completions.create(
+            model=MODEL, messages=USER, tools=[WEATHER_TOOL], tool_choice=named
+        )
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=USER, tools=[WEATHER_TOOL], tool_choice=named, stream=True
+            )
+        )
+        req = client.chat.completions.create(
+            model=MODEL, messages=USER, tools=[WEATHER_TOOL], tool_choice="required"
+        )
+    (call,) = r.choices[0].message.tool_calls or []
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Oslo"},
+    )
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    first = engine.requests[0]
+    assert first.reply_prefix.startswith("<tool_call>") and "</tool_call>" in first.sampling.stop
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = [tc for d in deltas for tc in d.tool_calls or []]
+    assert [tc.function.name for tc in streamed] == ["get_weather"]  # type: ignore[union-attr]
+    assert "".join(d.content or "" for d in deltas) == ""
+    (call,) = req.choices[0].message.tool_calls or []
+    assert json.loads(call.function.arguments) == {"city": "Rome"}
+    assert "</tool_call>" not in engine.requests[2].sampling.stop  # several calls may follow
 
 
 def test_tool_results_reach_the_engine_as_turns() -> None:

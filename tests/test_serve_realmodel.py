@@ -102,6 +102,15 @@ def test_qwen_tool_request_comes_back_as_a_tool_call(
                 temperature=0,
                 max_tokens=40,
             )
+            # a question the model would answer in prose, with the call forced
+            forced = client.chat.completions.create(
+                model="qwen2.5-coder-0.5b",
+                messages=[{"role": "user", "content": "I am flying to Oslo tomorrow."}],
+                tools=[WEATHER],  # type: ignore[list-item]
+                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                temperature=0,
+                max_tokens=24,
+            )
     finally:
         session.close()
     choice = r.choices[0]
@@ -109,3 +118,8 @@ def test_qwen_tool_request_comes_back_as_a_tool_call(
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(call.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}  # type: ignore[union-attr]

@@ -114,12 +114,14 @@ class ChatShape(_Shape):
     """`chat.completion` and `chat.completion.chunk` objects."""
 
     tools: frozenset[str] = frozenset()
+    prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
 
     def __post_init__(self) -> None:
         self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
 
     def whole(self, reply: Reply) -> dict[str, Any]:
-        content, calls = split_reply(reply.text, self.tools) if self.tools else (reply.text, [])
+        text = self.prefix + reply.text
+        content, calls = split_reply(text, self.tools) if self.tools else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]

@@ -206,7 +206,7 @@ async def chat_completions(request: Request) -> Response:
     service, body = await _body(request, ChatCompletionIn)
     prepared = prepare_chat(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
-    shape = ChatShape(service.model.id, tools=prepared.tools)
+    shape = ChatShape(service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix)
     return await _run(
         request,
         service,

@@ -27,6 +27,8 @@ from npuchat.engine.events import (
 )
 from npuchat.engine.sampling_domain import sampling_problems
 
+from .tools import CLOSE, forced_call_prefix
+
 MAX_STOP_STRINGS = 4
 
 
@@ -234,6 +236,8 @@ class Prepared:
     include_usage: bool
     tools: frozenset[str]
     """Names of the tools offered (empty: no tool calls are parsed)."""
+    reply_prefix: str = ""
+    """What the reply was forced to start with (read back with the model's text)."""
 
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))
@@ -272,17 +276,15 @@ def _messages(body: ChatCompletionIn) -> tuple[str, tuple[ChatMessage, ...]]:
     return "\n\n".join(system), tuple(turns)
 
 
-def _tools(body: ChatCompletionIn) -> tuple[ToolSpec, ...]:
-    if not body.tools or body.tool_choice == "none":
-        return ()
-    if body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice):
-        raise ApiError(
-            400,
-            "tool_choice: only 'auto' and 'none' are supported (the model decides whether to "
-            "call a tool)",
-            param="tool_choice",
-        )
-    return tuple(
+def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str]:
+    """The tools offered, and the text the reply is forced to start with (`tool_choice`
+    "required" or a named function: the opening of a `<tool_call>` block, `tools` module)."""
+    choice = body.tool_choice
+    if not body.tools or choice == "none":
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            raise ApiError(400, "tool_choice: the request offers no tools", param="tool_choice")
+        return (), ""
+    tools = tuple(
         ToolSpec(
             t.function.name,
             t.function.description,
@@ -290,22 +292,39 @@ def _tools(body: ChatCompletionIn) -> tuple[ToolSpec, ...]:
         )
         for t in body.tools
     )
+    if choice == "required":
+        return tools, forced_call_prefix(None)
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.get("name", "")
+        if name not in {t.name for t in tools}:
+            raise ApiError(
+                400,
+                f"tool_choice: {name!r} is not one of the request's tools",
+                param="tool_choice.function.name",
+            )
+        return tools, forced_call_prefix(name)
+    return tools, ""
 
 
 def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     system, turns = _messages(body)
-    tools = _tools(body)
+    tools, forced = _tools(body)
     given = (body.max_completion_tokens, body.max_tokens)
     max_tokens = next((n for n in given if n is not None), context_length)
+    sampling = body.sampling(max_tokens, context_length)
+    if isinstance(body.tool_choice, NamedToolChoice):  # one call: it ends with its block
+        sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
     request = ChatRequest(
         conversation_id="",
         system_prompt=system,
         messages=turns,
-        sampling=body.sampling(max_tokens, context_length),
+        sampling=sampling,
         priority=body.priority,
         tools=tools,
+        reply_prefix=forced,
     )
-    return Prepared(request, body.stream, body.include_usage, frozenset(t.name for t in tools))
+    names = frozenset(t.name for t in tools)
+    return Prepared(request, body.stream, body.include_usage, names, forced)
 
 
 def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:

@@ -61,6 +61,8 @@ async def chat_chunks(
 ) -> AsyncIterator[bytes]:
     reply = Reply()
     splitter = ToolCallSplitter(shape.tools) if shape.tools else None
+    if splitter is not None:
+        splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
     calls = 0
 
     def pieces(text: str, final: bool = False) -> list[bytes]:

@@ -19,6 +19,15 @@ from npuchat.engine.events import ToolCall
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
+def forced_call_prefix(name: str | None) -> str:
+    """The start of a reply that must be a tool call: the block's opening, and the function's
+    name when one is required. The model writes the rest (llama.cpp's server constrains it
+    with a grammar instead; a model that wanders off leaves text, never a made-up call)."""
+    if name is None:
+        return OPEN + '\n{"name": "'
+    return OPEN + "\n" + json.dumps({"name": name})[:-1] + ', "arguments": '
+
+
 def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
