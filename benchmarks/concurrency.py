@@ -13,7 +13,7 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
   ~2,000-token prompt, against that stream's median gap before the prefill started;
 * TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
   against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
-  prefix store and back);
+  prefix store and back); and that turn again after a restart (its KV read back from disk);
 * peak RSS of a child process that loads the model with 1 or 4 slots at capacity 4,096 and
   touches every KV page (what a full cache holds).
 
@@ -218,7 +218,16 @@ def measure(path: Path, cache: Path, threads: int, tokens: int) -> dict[str, flo
             out[f"switch_back_ttft_s_{slots}slot"] = back.metrics.ttft_s
             out[f"switch_back_x_{slots}slot"] = back.metrics.ttft_s / cold.metrics.ttft_s
         finally:
-            engine.close()
+            engine.close()  # pages the long conversation out to disk
+        if slots == 1:  # the same next turn after a restart: its KV comes back from disk
+            engine = open_engine(path, cache, slots, threads, [4096])
+            try:
+                after = list(engine.generate(again, threading.Event()))[-1]
+                assert isinstance(after, Finished), after
+                out["restart_ttft_s"] = after.metrics.ttft_s
+                out["restart_x_cold"] = after.metrics.ttft_s / cold.metrics.ttft_s
+            finally:
+                engine.close()
     shutil.rmtree(cache / "prefixes", ignore_errors=True)
     return out
 
