@@ -82,7 +82,8 @@ def open_engine(
 
 
 def request(conv: str, text: str, tokens: int, priority: str = "interactive") -> ChatRequest:
-    sampling = SamplingParams(temperature=0.0, max_tokens=tokens)
+    # every reply runs to `tokens` (an early end-of-turn would leave a stream's window empty)
+    sampling = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     return ChatRequest(conv, "", (ChatMessage("user", text),), sampling, priority)  # type: ignore[arg-type]
 
 
