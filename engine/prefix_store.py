@@ -23,11 +23,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .kvcache import KVSnapshot
+
+if TYPE_CHECKING:
+    from .sequence import Sequence as KVHolder
 
 Exporter = Callable[[int, int], KVSnapshot]
 _FORMAT = 1
@@ -239,6 +242,22 @@ class PrefixStore:
             self._warn(body, "does not hold K/V rows of the shape its header says")
             return None
         return tokens, snap
+
+    def restore(self, seq: KVHolder, ids: Sequence[int]) -> tuple[int, str]:
+        """Put the longest available prefix of `ids` in `seq` (its own tokens, or a stored
+        entry); (reused tokens, where from). The last id is never reused: its logits start
+        the reply. A longer state `seq` is leaving is kept here first, for coming back to it."""
+        limit = len(ids) - 1
+        seq.resync()
+        lcp = min(common_prefix_len(seq.tokens, ids), limit)
+        if lcp < len(seq.tokens) and len(seq.tokens) > lcp + 16:
+            self.put(seq.tokens, seq.kv_export)
+        hit = self.lookup(ids, limit)
+        if hit is not None and hit.length > lcp:
+            seq.adopt(hit.snapshot, ids)
+            return hit.length, hit.source
+        seq.rollback(lcp)
+        return lcp, "cache"
 
     def _disk_best(self, tokens: Sequence[int], limit: int, beat: int) -> PrefixHit | None:
         """The persisted entry sharing the longest prefix (more than `beat` rows) with `tokens`.

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chat_template import ChatTemplate, template_messages, template_tools
+from .chat_template import ChatTemplate
 from .drafters import Drafter
 from .errors import InvalidRequestError, NpuchatError, RequestCancelled
 from .events import (
@@ -35,7 +35,8 @@ from .events import (
     ToolSpec,
 )
 from .model import Model
-from .prefix_store import PrefixStore, common_prefix_len
+from .prefix_store import PrefixStore
+from .prompts import PromptBuilder
 from .reply import stream_reply
 from .sampling_domain import sampling_problems
 from .sequence import Sequence
@@ -44,12 +45,7 @@ from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-_PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
-
-
 MIN_PREFIX_BUDGET = 32 << 20
-SYSTEM_CACHE_SIZE = 32
-"""System prompts whose token prefix is remembered (each a short list of ids)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +81,6 @@ class ChatSession:
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.template = template
         self._name = name
         self._device = device
         self._clock = clock
@@ -100,7 +95,7 @@ class ChatSession:
         )
         self.seq = Sequence(model, 0)  # the tokens whose K/V are in the cache
         self.speculative: SpeculativeDecoder | None = None  # see use_drafters
-        self._system_cache: dict[str, list[int]] = {}
+        self.prompts = PromptBuilder(template, tokenizer, name)
         self._lock = threading.Lock()  # held while the model runs (a reply or a warm tick)
         self._state = threading.Lock()  # guards _generating
         self._generating = False
@@ -225,6 +220,14 @@ class ChatSession:
 
     # ------------------------------------------------------------------ prompt
 
+    @property
+    def template(self) -> ChatTemplate:
+        return self.prompts.template
+
+    @template.setter
+    def template(self, template: ChatTemplate) -> None:
+        self.prompts.template = template
+
     def prompt_ids(
         self,
         system: str,
@@ -232,82 +235,14 @@ class ChatSession:
         tools: Seq[ToolSpec] = (),
         continue_reply: bool = False,
     ) -> list[int]:
-        """The request's prompt ids: the template's markup with special tokens parsed, every
-        message's text as plain text (so user text cannot forge a turn). `continue_reply`: the
-        last (assistant) message is left open, its text after the assistant header."""
-        if continue_reply and messages and messages[-1].role == "assistant":
-            # the reply's own text after the assistant header: its KV is mostly still cached
-            head = self.prompt_ids(system, messages[:-1], tools)
-            return head + self.tokenizer.encode(messages[-1].content)
-        pieces = self.template.render_pieces(
-            template_messages(system, messages), True, template_tools(tools)
-        )
-        return self.tokenizer.encode_chat(pieces)
+        """The prompt ids of a conversation (`PromptBuilder.ids`)."""
+        return self.prompts.ids(system, messages, tools, continue_reply)
 
     def system_prefix(self, system: str) -> list[int]:
-        """Tokens every conversation with this system prompt starts with.
-
-        Rendered twice with two unrelated user messages: whatever the template writes before the
-        user's text (BOS, the system block, the user header) is the common token prefix.
-        """
-        if system in self._system_cache:
-            self._system_cache[system] = self._system_cache.pop(system)  # most recent last
-        else:
-            a = self.prompt_ids(system, [ChatMessage("user", _PROBE_A)])
-            b = self.prompt_ids(system, [ChatMessage("user", _PROBE_B)])
-            self._system_cache[system] = a[: common_prefix_len(a, b)]
-            while len(self._system_cache) > SYSTEM_CACHE_SIZE:
-                del self._system_cache[next(iter(self._system_cache))]
-        return self._system_cache[system]
-
-    def _fit(self, request: ChatRequest) -> tuple[list[int], int]:
-        """Prompt ids that leave room for a reply, dropping the oldest turns if needed.
-
-        Returns (ids, dropped turn count). The reply budget is max_tokens, capped at a quarter
-        of the context so that a long conversation still gets a useful reply budget.
-        """
-        cap = self.model.max_capacity
-        reserve = max(1, min(request.sampling.max_tokens, cap // 4))
-        messages = list(request.messages)
-        dropped = 0
-        forced = self.tokenizer.encode(request.reply_prefix, parse_special=True)
-
-        def ids_of(messages: list[ChatMessage]) -> list[int]:
-            system, tools, cont = request.system_prompt, request.tools, request.continue_reply
-            return self.prompt_ids(system, messages, tools, cont) + forced
-
-        ids = ids_of(messages)
-        while len(ids) + reserve > cap:
-            # a turn = one user message and the replies after it; the last user message stays
-            firsts = [i for i, m in enumerate(messages) if m.role == "user"]
-            if len(firsts) < 2:
-                break
-            messages = messages[firsts[1] :]
-            dropped += 1
-            ids = ids_of(messages)
-        if len(ids) >= cap:
-            raise InvalidRequestError(
-                f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "
-                f"holds {cap}; shorten it or start a new conversation"
-            )
-        return ids, dropped
+        """Tokens every conversation with this system prompt starts with."""
+        return self.prompts.system_prefix(system)
 
     # ------------------------------------------------------------------ KV reuse
-
-    def _reuse(self, seq: Sequence, ids: list[int]) -> tuple[int, str]:
-        """Put the longest available prefix of `ids` in `seq`; (reused tokens, source)."""
-        limit = len(ids) - 1  # the last prompt token is always run: its logits start the reply
-        seq.resync()
-        lcp = min(common_prefix_len(seq.tokens, ids), limit)
-        if lcp < len(seq.tokens) and len(seq.tokens) > lcp + 16:
-            # switching away from a longer state: keep it for when the user comes back
-            self.prefixes.put(seq.tokens, seq.kv_export)
-        hit = self.prefixes.lookup(ids, limit)
-        if hit is not None and hit.length > lcp:
-            seq.adopt(hit.snapshot, ids)
-            return hit.length, hit.source
-        seq.rollback(lcp)
-        return lcp, "cache"
 
     def _remember_system(self, seq: Sequence, system: str, ids: list[int]) -> None:
         prefix = self.system_prefix(system)
@@ -409,7 +344,7 @@ class ChatSession:
         if isinstance(request, ChatRequest):
             params = request.sampling
             system = request.system_prompt
-            ids, dropped = self._fit(request)
+            ids, dropped = self.prompts.fit(request, self.model.max_capacity)
             if dropped:
                 yield Notice(
                     f"dropped {dropped} oldest turn{'s' * (dropped != 1)} to fit "
@@ -423,7 +358,7 @@ class ChatSession:
             params, system, ids = sampling, None, request
         store = store_lock or contextlib.nullcontext()
         with store:
-            reused, _source = self._reuse(seq, ids)
+            reused, _source = self.prefixes.restore(seq, ids)
             warnings = list(self.prefixes.warnings)
             self.prefixes.warnings.clear()
         for warning in warnings:

@@ -59,6 +59,6 @@ def test_many_system_prompts_keep_a_bounded_token_cache(session: ChatSession) ->
     for i in range(200):
         prefix = session.system_prefix(f"You are assistant number {i}.")
         assert prefix  # still computed correctly
-    assert len(session._system_cache) <= 32
+    assert len(session.prompts._system) <= 32
     again = session.system_prefix("You are assistant number 199.")
     assert again == session.system_prefix("You are assistant number 199.")

@@ -1,0 +1,100 @@
+"""A request's prompt as token ids: the chat template rendered, user text kept plain, and
+the oldest turns dropped when the conversation no longer fits.
+
+Rendering lives here, apart from the session's KV bookkeeping, because every path that runs a
+chat (the session, the concurrent engine's slots, the benchmarks) asks the same questions: what
+are this conversation's ids, and which of them does every conversation with this system prompt
+start with (the part worth keeping in the prefix store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from .chat_template import ChatTemplate, template_messages, template_tools
+from .errors import InvalidRequestError
+from .events import ChatMessage, ChatRequest, ToolSpec
+from .prefix_store import common_prefix_len
+from .tokenizer import Tokenizer
+
+__all__ = ["SYSTEM_CACHE_SIZE", "PromptBuilder"]
+
+SYSTEM_CACHE_SIZE = 32
+"""System prompts whose token prefix is remembered (each a short list of ids)."""
+_PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
+
+
+class PromptBuilder:
+    """Prompt ids for one model's template and tokenizer (`name` is said in errors)."""
+
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, name: str) -> None:
+        self.template = template
+        self.tokenizer = tokenizer
+        self._name = name
+        self._system: dict[str, list[int]] = {}
+
+    def ids(
+        self,
+        system: str,
+        messages: Seq[ChatMessage],
+        tools: Seq[ToolSpec] = (),
+        continue_reply: bool = False,
+    ) -> list[int]:
+        """The request's prompt ids: the template's markup with special tokens parsed, every
+        message's text as plain text (so user text cannot forge a turn). `continue_reply`: the
+        last (assistant) message is left open, its text after the assistant header."""
+        if continue_reply and messages and messages[-1].role == "assistant":
+            # the reply's own text after the assistant header: its KV is mostly still cached
+            head = self.ids(system, messages[:-1], tools)
+            return head + self.tokenizer.encode(messages[-1].content)
+        pieces = self.template.render_pieces(
+            template_messages(system, messages), True, template_tools(tools)
+        )
+        return self.tokenizer.encode_chat(pieces)
+
+    def system_prefix(self, system: str) -> list[int]:
+        """Tokens every conversation with this system prompt starts with.
+
+        Rendered twice with two unrelated user messages: whatever the template writes before the
+        user's text (BOS, the system block, the user header) is the common token prefix.
+        """
+        if system in self._system:
+            self._system[system] = self._system.pop(system)  # most recent last
+        else:
+            a = self.ids(system, [ChatMessage("user", _PROBE_A)])
+            b = self.ids(system, [ChatMessage("user", _PROBE_B)])
+            self._system[system] = a[: common_prefix_len(a, b)]
+            while len(self._system) > SYSTEM_CACHE_SIZE:
+                del self._system[next(iter(self._system))]
+        return self._system[system]
+
+    def fit(self, request: ChatRequest, cap: int) -> tuple[list[int], int]:
+        """Prompt ids that leave room for a reply, dropping the oldest turns if needed.
+
+        Returns (ids, dropped turn count). The reply budget is max_tokens, capped at a quarter
+        of the context so that a long conversation still gets a useful reply budget.
+        """
+        reserve = max(1, min(request.sampling.max_tokens, cap // 4))
+        messages = list(request.messages)
+        dropped = 0
+        forced = self.tokenizer.encode(request.reply_prefix, parse_special=True)
+
+        def ids_of(messages: list[ChatMessage]) -> list[int]:
+            system, tools, cont = request.system_prompt, request.tools, request.continue_reply
+            return self.ids(system, messages, tools, cont) + forced
+
+        ids = ids_of(messages)
+        while len(ids) + reserve > cap:
+            # a turn = one user message and the replies after it; the last user message stays
+            firsts = [i for i, m in enumerate(messages) if m.role == "user"]
+            if len(firsts) < 2:
+                break
+            messages = messages[firsts[1] :]
+            dropped += 1
+            ids = ids_of(messages)
+        if len(ids) >= cap:
+            raise InvalidRequestError(
+                f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "
+                f"holds {cap}; shorten it or start a new conversation"
+            )
+        return ids, dropped
