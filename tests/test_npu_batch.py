@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from npu_driver import CAPACITY, MODELS, PREFILL, REL_TOL, random_prompt, rel_err
 from synthetic import synthetic_gguf  # noqa: F401  (fixture)
-from test_npu import CAPACITY, MODELS, PREFILL, REL_TOL, _prompt, _rel_err
 
 from npuchat.engine import devices
 from npuchat.engine.model import Model
@@ -27,7 +27,7 @@ def test_batched_npu_decode_equals_cpu_alone(synthetic_gguf, tmp_path: Path, arc
     tensor_type, kw = MODELS[arch]
     path = synthetic_gguf(arch, tensor_type, **kw)
     opts = {"prefill_chunk": PREFILL, "verify_k": 0, "capacities": [CAPACITY], "accuracy_level": 0}
-    prompts = [_prompt(300, 9, seed=1), _prompt(300, 20, seed=2)]
+    prompts = [random_prompt(300, 9, seed=1), random_prompt(300, 20, seed=2)]
     with Model.load(path, cache_dir=tmp_path, device="npu", batch_max=2, **opts) as npu:
         assert npu._npu is not None
         placements = npu._npu.compiled.placements
@@ -44,4 +44,4 @@ def test_batched_npu_decode_equals_cpu_alone(synthetic_gguf, tmp_path: Path, arc
             for _ in range(STEPS):
                 want.append(cpu.decode(int(np.argmax(want[-1]))))
         assert [int(np.argmax(x)) for x in got] == [int(np.argmax(x)) for x in want]
-        assert _rel_err(np.stack(got), np.stack(want)) < REL_TOL
+        assert rel_err(np.stack(got), np.stack(want)) < REL_TOL
