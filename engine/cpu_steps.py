@@ -75,11 +75,13 @@ class CpuSteps:
         kv, io = self.kv, self.io
         if self._bound_cache != (kv.generation, first_row, b):
             self._cache_values = []
+            buffers = [("k", kv.k), ("v", kv.v), ("k", kv.k_scale), ("v", kv.v_scale)]
             for i in range(self.cfg.n_layers):
-                for kind, bufs in (("k", kv.k), ("v", kv.v)):
+                for j, (kind, bufs) in enumerate(buffers[: len(kv.parts())]):
+                    name = f"{kind}_{i}" + ("_scale" if j >= 2 else "")  # int8: its scales too
                     value = ort.OrtValue.ortvalue_from_numpy(bufs[i][first_row : first_row + b])
-                    io.bind_ortvalue_input(f"past_{kind}_{i}", value)
-                    io.bind_ortvalue_output(f"present_{kind}_{i}", value)  # in place
+                    io.bind_ortvalue_input(f"past_{name}", value)
+                    io.bind_ortvalue_output(f"present_{name}", value)  # in place
                     self._cache_values.append(value)
             self._bound_cache = (kv.generation, first_row, b)
         key = (b, s, r, p)

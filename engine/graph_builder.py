@@ -32,6 +32,11 @@ output share a buffer). Why: a token's row is then computed identically whether 
 (decode) or with the drafts after it (verify), which exact speculative decoding needs (`model`
 module doc).
 
+The CPU cache may store K/V as float16 or int8 with a scale per (token, head) (`GraphSpec.kv_dtype`,
+`kv_layout`): the scatter then writes converted rows (and, for int8, `past_*_i_scale` inputs /
+`present_*_i_scale` outputs `[B, Hkv, C, 1]`, bound in place the same way) and attention reads
+the cache back as float32.
+
 Every op costs ~2–5 µs of dispatch on this CPU whatever its size, and SmolLM2 runs 30 layers per
 token in a ~8 ms budget, so the graph is built for few ops: Q/K/V and gate/up are one fused
 matmul each, biases ride in `MatMulNBits`' bias input, attention's 1/√dh is folded into the Q
@@ -64,6 +69,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_ops import Graph, RowPad, linear
 from .graph_weights import WEIGHTS_FILE, Weights, llama_rope_permutation, write_weights
@@ -99,12 +105,22 @@ class GraphSpec:
     kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
     row_padding: bool = False  # a `pad_rows` input (`graph_ops.RowPad`): exact one-row decode steps
     batch: int | None = 1  # B sequences side by side, each its own cache row (`None` = symbolic)
+    kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
 
     @classmethod
-    def cpu(cls, accuracy_level: int) -> GraphSpec:
+    def cpu(cls, accuracy_level: int, kv_dtype: str = "f32") -> GraphSpec:
         """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
         cache, row padding for exact one-row decode steps."""
-        return cls(None, None, None, accuracy_level, kv_inplace=True, row_padding=True, batch=None)
+        return cls(
+            None,
+            None,
+            None,
+            accuracy_level,
+            kv_inplace=True,
+            row_padding=True,
+            batch=None,
+            kv_dtype=kv_dtype,
+        )
 
     @classmethod
     def static(
@@ -114,7 +130,12 @@ class GraphSpec:
         return cls(seq_len, capacity, logit_rows, accuracy_level, fused_norms=False, batch=batch)
 
     def key(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as the compile-cache key sees it; f32 K/V (the graphs before the field
+        existed, byte for byte) leave `kv_dtype` out, so their cached builds stay valid."""
+        key = asdict(self)
+        if key["kv_dtype"] == "f32":
+            del key["kv_dtype"]
+        return key
 
 
 def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FLOAT) -> Any:
@@ -137,19 +158,52 @@ def _attend_split(
     return gr.op("Add", [gr.op("MatMul", [p_past, f"past_v_{i}"]), gr.op("MatMul", [p_new, v_new])])
 
 
-def _attend_inplace(gr: Graph, i: int, q: str, k_new: str, v_new: str, mask: str) -> str:
+def _attend_inplace(
+    gr: Graph, i: int, q: str, k_new: str, v_new: str, mask: str, kv: tuple[str, int]
+) -> str:
     """Attention after scattering the S new rows into the cache at `kv_slots` (the CPU layout).
 
     Every row then attends the same `[C]` columns in the same order whether it came in a decode
     step or a verify step, so the two give bit-identical results (speculation is exact). The
     host binds `present_*_i` to the same buffers as `past_*_i`, and ONNX Runtime's ScatterND
     skips its copy when input and output are one buffer: the rows land in the cache in place.
+    A cache of another dtype (`kv_layout`) stores the rows converted and attention reads them
+    back as float32; each row is converted alone, so decode and verify still agree.
     """
-    k_all = gr.op("ScatterND", [f"past_k_{i}", "kv_slots", k_new], outputs=[f"present_k_{i}"])
-    v_all = gr.op("ScatterND", [f"past_v_{i}", "kv_slots", v_new], outputs=[f"present_v_{i}"])
+    k_all = _store_rows(gr, i, "k", k_new, *kv)
+    v_all = _store_rows(gr, i, "v", v_new, *kv)
     scores = gr.op("MatMul", [q, gr.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
     probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
     return gr.op("MatMul", [probs, v_all])
+
+
+def _store_rows(gr: Graph, i: int, kind: str, new: str, kv_dtype: str, head_dim: int) -> str:
+    """Scatter the new rows `[B, Hkv, S, dh]` into cache `kind` of layer i in its dtype; the
+    whole cache as float32 `[B, Hkv, C, dh]`.
+
+    int8: one scale per row of a head, `max(absmax / 127, tiny)` (tiny keeps an all-zero row
+    finite), and blocked QuantizeLinear/DequantizeLinear over head_dim (one op each way instead
+    of Div, Round, Cast and Mul).
+    """
+    past, present = f"past_{kind}_{i}", f"present_{kind}_{i}"
+    if kv_dtype == "f32":
+        return gr.op("ScatterND", [past, "kv_slots", new], outputs=[present])
+    if kv_dtype == "f16":
+        rows = gr.op("Cast", [new], to=TensorProto.FLOAT16)
+        stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
+        return gr.op("Cast", [stored], to=TensorProto.FLOAT)
+    absmax = gr.op("ReduceMax", [gr.op("Abs", [new]), gr.ints([-1])], keepdims=1)
+    scale = gr.op("Max", [gr.op("Div", [absmax, gr.scalar(127.0)]), gr.scalar(1e-30)])
+    rows = gr.op(
+        "QuantizeLinear", [new, scale], axis=-1, block_size=head_dim, output_dtype=TensorProto.INT8
+    )
+    stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
+    scales = gr.op(
+        "ScatterND",
+        [f"{past}_scale", "kv_slots", scale],
+        outputs=[f"{present}_scale"],
+    )
+    return gr.op("DequantizeLinear", [stored, scales], axis=-1, block_size=head_dim)
 
 
 def make_graph(cfg: ModelConfig, weights: Weights, spec: GraphSpec) -> onnx.ModelProto:
@@ -166,6 +220,11 @@ def make_graph(cfg: ModelConfig, weights: Weights, spec: GraphSpec) -> onnx.Mode
     eps = float(cfg.rms_eps)
 
     inplace = spec.kv_inplace
+    if spec.kv_dtype != "f32" and not inplace:
+        raise NpuchatError(f"{spec.kv_dtype} K/V is built for the CPU graph only; use f32")
+    kv_elem = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "int8": TensorProto.INT8}[
+        spec.kv_dtype
+    ]
     inputs = [
         _value_info("embeddings", [b_dim, s_dim, d]),
         _value_info("mask", [b_dim, 1, s_dim, c_dim if inplace else total]),
@@ -185,14 +244,14 @@ def make_graph(cfg: ModelConfig, weights: Weights, spec: GraphSpec) -> onnx.Mode
     rows_dim = c_dim if inplace else s_dim
     out_prefix = "present" if inplace else "new"
     for i in range(cfg.n_layers):
-        inputs += [
-            _value_info(f"past_k_{i}", [b_dim, hkv, c_dim, dh]),
-            _value_info(f"past_v_{i}", [b_dim, hkv, c_dim, dh]),
-        ]
-        outputs += [
-            _value_info(f"{out_prefix}_k_{i}", [b_dim, hkv, rows_dim, dh]),
-            _value_info(f"{out_prefix}_v_{i}", [b_dim, hkv, rows_dim, dh]),
-        ]
+        for kind in "kv":
+            inputs.append(_value_info(f"past_{kind}_{i}", [b_dim, hkv, c_dim, dh], kv_elem))
+            out = f"{out_prefix}_{kind}_{i}"
+            outputs.append(_value_info(out, [b_dim, hkv, rows_dim, dh], kv_elem))
+        if spec.kv_dtype == "int8":  # a scale per (token, head): `kv_layout`
+            for kind in "kv":
+                inputs.append(_value_info(f"past_{kind}_{i}_scale", [b_dim, hkv, c_dim, 1]))
+                outputs.append(_value_info(f"present_{kind}_{i}_scale", [b_dim, hkv, c_dim, 1]))
 
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
     # [C, S] split of the attention columns into cached slots and new rows.
@@ -278,7 +337,7 @@ def make_graph(cfg: ModelConfig, weights: Weights, spec: GraphSpec) -> onnx.Mode
             perm=[0, 2, 1, 3],
         )
         if split_cs is None:
-            att = _attend_inplace(gr, i, q, rope(k, local), v, mask)
+            att = _attend_inplace(gr, i, q, rope(k, local), v, mask, (spec.kv_dtype, dh))
         else:
             att = _attend_split(gr, i, q, rope(k, local, f"new_k_{i}"), v, mask, split_cs)
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])

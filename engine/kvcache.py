@@ -14,12 +14,12 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import NpuchatError
 from .graph_builder import MASK_NEG
+from .kv_layout import KV_DTYPES, KVSnapshot, bytes_per_token, check_kv_dtype
 
 
 def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
@@ -32,27 +32,6 @@ def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
     top = max(1, min(context_length, limit))
     steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
     return [*(c for c in steps if c < top), top]
-
-
-@dataclass
-class KVSnapshot:
-    """Copies of K/V rows `[start, start+length)`, per layer `[1, Hkv, length, dh]`.
-
-    K rows carry rotary encoding for their absolute positions, so a snapshot is only valid when
-    imported at the slot it was exported from (the prefix store keeps prefixes at slot 0).
-    """
-
-    start: int
-    k: list[np.ndarray]
-    v: list[np.ndarray]
-
-    @property
-    def length(self) -> int:
-        return int(self.k[0].shape[2]) if self.k else 0
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
 class KVCache:
@@ -69,8 +48,8 @@ class KVCache:
         n_kv_heads: int,
         head_dim: int,
         capacities: Sequence[int],
-        dtype: type[np.floating] = np.float32,
         rows: int = 1,
+        kv_dtype: str = "f32",
     ) -> None:
         if not capacities or min(capacities) < 1:
             raise NpuchatError("KV capacities must be positive integers")
@@ -79,12 +58,16 @@ class KVCache:
         self.capacities = sorted(set(int(c) for c in capacities))
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.rows = int(rows)
-        self.dtype = np.dtype(dtype)
+        self.kv_dtype = check_kv_dtype(kv_dtype)
+        self.dtype = np.dtype(KV_DTYPES[kv_dtype])
         self.lengths = [0] * self.rows
         self.capacity = 0
         self.data: np.ndarray = np.zeros(0, self.dtype)
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
+        self.scales: np.ndarray | None = None  # int8: `[2, layers, rows, Hkv, C, 1]` float32
+        self.k_scale: list[np.ndarray] = []  # int8: per-layer views of `scales`
+        self.v_scale: list[np.ndarray] = []
         self.generation = 0  # bumped whenever the layout changes (rebind OrtValues)
         self._reserve()
         self._allocate(self.capacities[0])
@@ -101,10 +84,23 @@ class KVCache:
     def max_capacity(self) -> int:
         return self.capacities[-1]
 
+    @property
+    def bytes_per_token(self) -> int:
+        """K/V bytes of one token in every layer (int8: with its scales)."""
+        return bytes_per_token(self.kv_dtype, self.n_layers, self.n_kv_heads, self.head_dim)
+
     def bytes_for(self, capacity: int) -> int:
-        """Bytes of all rows at `capacity`."""
+        """Bytes of all rows at `capacity` (int8: with their scales)."""
+        return self.bytes_per_token * capacity * self.rows
+
+    def _data_bytes(self, capacity: int) -> int:
+        """Bytes of the K/V values alone (the reserved buffer) at `capacity`."""
         per_row = 2 * self.n_layers * self.n_kv_heads * capacity * self.head_dim
         return per_row * self.rows * self.dtype.itemsize
+
+    def parts(self) -> list[list[np.ndarray]]:
+        """The per-layer buffer lists, in `KVSnapshot.parts` order: K, V, then (int8) scales."""
+        return [self.k, self.v] + ([self.k_scale, self.v_scale] if self.scales is not None else [])
 
     def _allocate(self, capacity: int) -> None:
         """The layout `[2, layers, rows, Hkv, C, dh]` over the one reserved buffer; `k[i]`/`v[i]`
@@ -136,12 +132,20 @@ class KVCache:
         self.data = self._flat[:size].reshape(shape)
         self.k = [self.data[0, i] for i in range(self.n_layers)]
         self.v = [self.data[1, i] for i in range(self.n_layers)]
+        if self.kv_dtype == "int8":  # scales: 1/dh of the values in float32, plainly copied
+            scales = np.zeros((*shape[:-1], 1), np.float32)
+            if self.scales is not None and n:
+                keep = min(used, old, capacity)
+                scales[..., :keep, :] = self.scales[..., :keep, :]
+            self.scales = scales
+            self.k_scale = [scales[0, i] for i in range(self.n_layers)]
+            self.v_scale = [scales[1, i] for i in range(self.n_layers)]
         self.capacity = capacity
         self.generation += 1
 
     def _reserve(self) -> None:
         """Anonymous memory for the largest capacity: reserved, not resident until touched."""
-        nbytes = self.bytes_for(self.max_capacity)
+        nbytes = self._data_bytes(self.max_capacity)
         self._mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE))
         self._flat = np.frombuffer(self._mm, self.dtype, count=nbytes // self.dtype.itemsize)
         self._prefaulting: threading.Thread | None = None
@@ -155,10 +159,10 @@ class KVCache:
 
     def _prefault(self, capacity: int) -> None:
         """Touch, in a background thread, the pages the layout for `capacity` adds."""
-        end = self.bytes_for(capacity) // self.dtype.itemsize
+        end = self._data_bytes(capacity) // self.dtype.itemsize
         if end <= self._prefaulted or self._prefaulting is not None:
             return
-        start = self.bytes_for(self.capacity) // self.dtype.itemsize
+        start = self._data_bytes(self.capacity) // self.dtype.itemsize
         step = mmap.PAGESIZE // self.dtype.itemsize
 
         def touch() -> None:
@@ -203,10 +207,11 @@ class KVCache:
         if a == b:
             return
         used = max(self.lengths[a], self.lengths[b])
-        if used:
-            tmp = self.data[:, :, a, :, :used].copy()
-            self.data[:, :, a, :, :used] = self.data[:, :, b, :, :used]
-            self.data[:, :, b, :, :used] = tmp
+        for buf in (self.data, self.scales):
+            if used and buf is not None:
+                tmp = buf[:, :, a, :, :used].copy()
+                buf[:, :, a, :, :used] = buf[:, :, b, :, :used]
+                buf[:, :, b, :, :used] = tmp
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
 
     def write(
@@ -219,7 +224,9 @@ class KVCache:
         batch_index: int = 0,
     ) -> None:
         """Copy rows `rows` of batch entry `batch_index` of per-layer new K/V `[B, Hkv, S, dh]`
-        into cache row `row` at slots from `at`."""
+        into cache row `row` at slots from `at` (the static graphs' float rows: f32 caches)."""
+        if self.kv_dtype != "f32":
+            raise NpuchatError(f"float K/V rows cannot be written into a {self.kv_dtype} cache")
         count = len(range(*rows.indices(new_k[0].shape[2])))
         self._check_room(at, count)
         for dst, src in zip(self.k, new_k, strict=True):
@@ -267,21 +274,26 @@ class KVCache:
             raise NpuchatError(
                 f"cannot export KV rows {start}..{end}: the cache holds {self.lengths[row]}"
             )
-        return KVSnapshot(
-            start,
-            [a[row : row + 1, :, start:end].copy() for a in self.k],
-            [a[row : row + 1, :, start:end].copy() for a in self.v],
-        )
+        k, v, *scales = [[a[row : row + 1, :, start:end].copy() for a in p] for p in self.parts()]
+        return KVSnapshot(start, k, v, *scales)
 
     def import_(self, snap: KVSnapshot, at: int, row: int = 0) -> None:
         if len(snap.k) != self.n_layers or (
             snap.k and snap.k[0].shape[1::2] != (self.n_kv_heads, self.head_dim)
         ):
             raise NpuchatError("the KV snapshot belongs to a different model; prefill instead")
+        if snap.kv_dtype != self.kv_dtype or len(snap.parts()) != len(self.parts()):
+            raise NpuchatError(
+                f"the KV snapshot holds {snap.kv_dtype} rows but this cache stores "
+                f"{self.kv_dtype}; prefill instead"
+            )
         if not 0 <= at <= self.lengths[row]:
             raise NpuchatError(
                 f"cannot import KV at slot {at}: the cache holds {self.lengths[row]}"
             )
         self.ensure(at + snap.length)
-        self.write(snap.k, snap.v, slice(None), at, row)
-        self.lengths[row] = at + snap.length
+        count = snap.length
+        for dsts, srcs in zip(self.parts(), snap.parts(), strict=True):
+            for dst, src in zip(dsts, srcs, strict=True):
+                dst[row, :, at : at + count] = src[0]
+        self.lengths[row] = at + count

@@ -45,6 +45,7 @@ from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
+from .kv_layout import check_kv_dtype
 from .kvcache import KVCache, KVSnapshot, default_capacities
 from .layer_inputs import rope_tables
 from .npu_compile import default_npu_capacity
@@ -87,17 +88,23 @@ class Model:
         accuracy_level: int = 4,
         npu_options: QnnOptions | None = None,
         batch_max: int = 1,
+        kv_dtype: str = "f32",
     ) -> Model:
         """Open `gguf_path`, build (or reuse from `cache_dir`) its graphs and start a session.
 
         `accuracy_level` is MatMulNBits' activation precision: 4 = int8 activations (the fast
         path, like llama.cpp's Q8 activations), 0 = float32 (exact, ~30× slower; tests).
         `batch_max` is the number of KV slots (sequences the cache holds side by side).
+        `kv_dtype` is how the cache stores K/V: "f32", "f16" or "int8" (`kv_layout`; the NPU's
+        static graphs keep f32).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
         if prefill_chunk < 1 or verify_k < 0 or batch_max < 1:
             raise NpuchatError("prefill_chunk and batch_max must be ≥ 1 and verify_k ≥ 0")
+        check_kv_dtype(kv_dtype)
+        if device == "npu" and kv_dtype != "f32":
+            raise NpuchatError("the NPU graphs keep f32 K/V; use kv_dtype f32 with device npu")
         self = cls()
         self.path = Path(gguf_path).expanduser().resolve()
         self._gguf = GGUFFile(self.path)
@@ -113,6 +120,7 @@ class Model:
                 accuracy_level,
                 npu_options,
                 batch_max,
+                kv_dtype,
             )
         except BaseException:
             self.close()
@@ -131,6 +139,7 @@ class Model:
         accuracy_level: int,
         npu_options: QnnOptions | None = None,
         batch_max: int = 1,
+        kv_dtype: str = "f32",
     ) -> None:
         assert self._gguf is not None
         self.config = cfg = self._gguf.config
@@ -170,7 +179,7 @@ class Model:
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            specs = {"decoder": GraphSpec.cpu(accuracy_level)}
+            specs = {"decoder": GraphSpec.cpu(accuracy_level, kv_dtype)}
             key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()
@@ -190,7 +199,9 @@ class Model:
             )
             self._session = session
             self.load_seconds = time.perf_counter() - t0
-        self._kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps, rows=self.batch_max)
+        self._kv = KVCache(
+            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps, rows=self.batch_max, kv_dtype=kv_dtype
+        )
         if self._session is not None:
             self._cpu = CpuSteps(self._session, cfg, self._kv)
         self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
@@ -219,6 +230,15 @@ class Model:
     @property
     def kv_bytes(self) -> int:
         return self._kv.bytes_for(self._kv.capacity)
+
+    @property
+    def kv_dtype(self) -> str:
+        return self._kv.kv_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K/V bytes one token takes in the cache (every layer, int8 scales included)."""
+        return self._kv.bytes_per_token
 
     def length(self, row: int = 0) -> int:
         """Valid K/V slots of cache row `row`."""

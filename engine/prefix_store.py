@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .kvcache import KVSnapshot
+from .kv_layout import KVSnapshot, kv_dtype_of
 
 if TYPE_CHECKING:
     from .sequence import Sequence as KVHolder
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 Exporter = Callable[[int, int], KVSnapshot]
 _FORMAT = 1
 _MAX_LAYERS = 1024
-_FLOATS = (np.float16, np.float32)
+_PARTS = ("k", "v", "k_scale", "v_scale")  # array names in the `.npz`, per layer: k0, k1, ...
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -103,21 +103,10 @@ class PrefixStore:
         while cur is not None:
             e = self._entries[cur]
             if e.start < end:
-                take = min(end, len(e.tokens)) - e.start
-                parts.append(
-                    KVSnapshot(
-                        e.start,
-                        [a[:, :, :take] for a in e.rows.k],
-                        [a[:, :, :take] for a in e.rows.v],
-                    )
-                )
+                parts.append(e.rows.rows(0, min(end, len(e.tokens)) - e.start))
             cur = e.parent
         parts.reverse()
-        return KVSnapshot(
-            0,
-            [np.concatenate([p.k[i] for p in parts], axis=2) for i in range(len(parts[0].k))],
-            [np.concatenate([p.v[i] for p in parts], axis=2) for i in range(len(parts[0].v))],
-        )
+        return KVSnapshot.concat(parts)
 
     def put(self, tokens: Sequence[int], export: Exporter, *, pinned: bool = False) -> None:
         """Keep the KV of `tokens` (currently rows [0, len) of the cache, read via `export`)."""
@@ -177,8 +166,10 @@ class PrefixStore:
         self.disk_dir.mkdir(parents=True, exist_ok=True)
         snap = export(0, len(tokens))
         buf = io.BytesIO()
-        arrays: dict[str, Any] = {f"k{i}": a for i, a in enumerate(snap.k)} | {
-            f"v{i}": a for i, a in enumerate(snap.v)
+        arrays: dict[str, Any] = {
+            f"{name}{i}": a
+            for name, part in zip(_PARTS, snap.parts(), strict=False)
+            for i, a in enumerate(part)
         }
         np.savez(buf, **arrays)
         data = buf.getvalue()
@@ -283,35 +274,31 @@ class PrefixStore:
         if read is None:
             return None
         stored, snap = read
-        self.put(
-            stored,
-            lambda s, e: KVSnapshot(
-                s, [a[:, :, s:e] for a in snap.k], [a[:, :, s:e] for a in snap.v]
-            ),
-            pinned=True,
-        )
-        rows = KVSnapshot(0, [a[:, :, :n] for a in snap.k], [a[:, :, :n] for a in snap.v])
-        return PrefixHit(n, rows, "disk")
+        self.put(stored, snap.rows, pinned=True)
+        return PrefixHit(n, snap.rows(0, n), "disk")
 
 
 def _snapshot(data: bytes, layers: int, length: int) -> KVSnapshot | None:
-    """The K/V rows in an `.npz`, if it holds exactly `layers` float arrays per kind, each
-    `[1, heads, length, dim]` and alike across layers; None for anything else."""
-    names = {f"{kind}{i}" for kind in "kv" for i in range(layers)}
+    """The K/V rows in an `.npz`, if it holds exactly `layers` arrays per part, each
+    `[1, heads, length, dim]` and alike across layers, K and V of one KV dtype, and scales
+    (`[1, heads, length, 1]` float32) exactly when that dtype is int8; None for anything else."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            n_parts = 4 if "k_scale0" in z.files else 2
+            names = {f"{part}{i}" for part in _PARTS[:n_parts] for i in range(layers)}
             if set(z.files) != names:
                 return None
-            k = [z[f"k{i}"] for i in range(layers)]
-            v = [z[f"v{i}"] for i in range(layers)]
+            parts = [[z[f"{part}{i}"] for i in range(layers)] for part in _PARTS[:n_parts]]
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
         return None
-    for arrays in (k, v):
-        first = arrays[0]
-        if first.ndim != 4 or first.shape[0] != 1 or first.shape[2] != length:
+    k, v = parts[0], parts[1]
+    kv_dtype = kv_dtype_of(k[0].dtype)
+    if kv_dtype is None or (kv_dtype == "int8") != (n_parts == 4):
+        return None
+    heads, dim = k[0].shape[1::2] if k[0].ndim == 4 else (0, 0)
+    for j, arrays in enumerate(parts):
+        shape = (1, heads, length, dim if j < 2 else 1)
+        dtype = k[0].dtype if j < 2 else np.dtype(np.float32)
+        if any(a.shape != shape or a.dtype != dtype for a in arrays):
             return None
-        if first.dtype not in _FLOATS or any(
-            a.shape != first.shape or a.dtype != first.dtype for a in arrays
-        ):
-            return None
-    return KVSnapshot(0, k, v)
+    return KVSnapshot(0, k, v, *parts[2:])

@@ -154,10 +154,7 @@ class Sequence:
             snap = self.parked
             if not 0 <= start <= end <= snap.length:
                 raise NpuchatError(f"cannot export KV rows {start}..{end}: {snap.length} are kept")
-            rows = slice(start, end)
-            return KVSnapshot(
-                start, [a[:, :, rows] for a in snap.k], [a[:, :, rows] for a in snap.v]
-            )
+            return snap.rows(start, end)
 
     def adopt(self, snapshot: KVSnapshot, tokens: Seq[int]) -> None:
         """Replace the row's contents with a stored prefix: rows `[0, snapshot.length)` of
@@ -197,10 +194,7 @@ class Sequence:
         if self.parked is None:
             self.model.rollback(n, row=self.row)
         elif n < self.parked.length:
-            snap = self.parked
-            self.parked = KVSnapshot(
-                0, [a[:, :, :n] for a in snap.k], [a[:, :, :n] for a in snap.v]
-            )
+            self.parked = self.parked.rows(0, n)
 
 
 class SlotTable:

@@ -51,6 +51,10 @@ class ReferenceModel:
     models). With `cache_weights=False` each forward dequantizes the tensors it needs again, which
     keeps a 0.5B model's memory at one layer's worth. `rope_neox` overrides the per-arch RoPE
     pairing (tests use it as a negative control: the wrong pairing must visibly fail).
+    `kv_dtype` rounds every K (after RoPE) and V row as a cache of that storage would: "f16"
+    to float16 and back; "int8" to `round(x / s)·s` with s = absmax/127 per (token, head), the
+    scheme written out here from its definition (llama.cpp's q8_0 is the same with blocks of
+    32 instead of a whole head).
     """
 
     def __init__(
@@ -60,7 +64,11 @@ class ReferenceModel:
         dtype: type[np.floating] = np.float64,
         cache_weights: bool = True,
         rope_neox: bool | None = None,
+        kv_dtype: str = "f32",
     ) -> None:
+        if kv_dtype not in ("f32", "f16", "int8"):
+            raise ValueError(f"unknown kv_dtype {kv_dtype!r}")
+        self.kv_dtype = kv_dtype
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self._gguf = GGUFFile(self.path)
@@ -193,7 +201,8 @@ class ReferenceModel:
             k = self._rms_norm(k, p + "attn_k_norm.weight")
         sliding = self.sliding[layer]
         q = self.rope(q, positions, sliding)
-        k = self.rope(k, positions, sliding)
+        k = self._stored(self.rope(k, positions, sliding))
+        v = self._stored(v)
         group = c.n_heads // c.n_kv_heads
         k = np.repeat(k, group, axis=0)  # head h -> kv head h // group
         v = np.repeat(v, group, axis=0)
@@ -208,6 +217,15 @@ class ReferenceModel:
         probs /= probs.sum(axis=-1, keepdims=True)
         out = (probs @ v).transpose(1, 0, 2).reshape(seq, q_dim)
         return self._linear(out, p + "attn_output")
+
+    def _stored(self, x: np.ndarray) -> np.ndarray:
+        """Rows [heads, seq, head_dim] as the KV cache gives them back (`kv_dtype`)."""
+        if self.kv_dtype == "f16":
+            return x.astype(np.float16).astype(self.dtype)
+        if self.kv_dtype == "int8":
+            scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / 127.0, 1e-30)
+            return np.clip(np.round(x / scale), -127, 127) * scale
+        return x
 
     def _mlp(self, x: np.ndarray, layer: int) -> np.ndarray:
         p = f"blk.{layer}."

@@ -1,0 +1,144 @@
+"""KV caches stored as f16 or int8: the graphs against the numpy reference rounding K/V the same
+way, greedy agreement with f32, and snapshots that never cross between dtypes.
+
+Tolerance against the reference with the same K/V rounding, relative to the largest |logit|, at
+`accuracy_level=0` (float activations, q8_0 weights): 1e-4. The reference rounds float64 rows
+and the graph float32 ones, so now and then one value lands on the other side of a rounding
+boundary (one int8 step, 1/254 of its head's range; one f16 ulp); measured ≤ 4e-5. Against
+the plain f32 reference the same logits differ by 2.6e-4 to 8e-3 (measured), which the test
+requires too: the rounding really happens inside the graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from reference_forward import ReferenceModel
+from test_graphs import CAPS, P, scripted_run
+
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.model import Model
+from npuchat.engine.prefix_store import PrefixStore
+
+TOL = 1e-4
+
+
+def _load(path: Path, cache: Path, kv_dtype: str, **kw: object) -> Model:
+    return Model.load(
+        path,
+        cache_dir=cache,
+        prefill_chunk=P,
+        verify_k=4,
+        capacities=CAPS,
+        kv_dtype=kv_dtype,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_graphs_match_reference_with_the_same_kv_rounding(
+    synthetic_gguf, tmp_path: Path, arch: str, kv_dtype: str
+) -> None:
+    """Prefill, decode, verify, rollback, a capacity move and a full cache, every row checked."""
+    path = synthetic_gguf(arch, "q8_0")
+    seq = [int(t) for t in np.random.default_rng(7).integers(0, 100, 64)]
+    expect = ReferenceModel(path, kv_dtype=kv_dtype).logits(seq)
+    plain = ReferenceModel(path).logits(seq)
+    scale = float(np.abs(expect).max())
+    with _load(path, tmp_path, kv_dtype, accuracy_level=0) as model:
+        assert model.kv_dtype == kv_dtype
+        rows = scripted_run(model, seq)
+    errs = {pos: float(np.abs(row - expect[pos]).max()) / scale for pos, row in rows.items()}
+    worst = max(errs, key=errs.__getitem__)
+    assert errs[worst] <= TOL, f"position {worst}: {errs[worst]:.2e} > {TOL:.0e}"
+    off_f32 = max(float(np.abs(row - plain[pos]).max()) / scale for pos, row in rows.items())
+    assert off_f32 > 3 * errs[worst], "the K/V rounding did not change the logits"
+
+
+def test_int8_rows_of_a_batch_move_with_their_scales(synthetic_gguf, tmp_path: Path) -> None:
+    """Two sequences in one int8 cache: a batched decode, a row swap and a park/resume (export
+    then import) keep each sequence's rows and scales together: logits as the reference's."""
+    path = synthetic_gguf("qwen2", "q8_0")
+    rng = np.random.default_rng(3)
+    a, b = ([int(t) for t in rng.integers(0, 100, 24)] for _ in range(2))
+    ref = ReferenceModel(path, kv_dtype="int8")
+    want_a, want_b = ref.logits(a), ref.logits(b)
+    scale = float(max(np.abs(want_a).max(), np.abs(want_b).max()))
+    with _load(path, tmp_path, "int8", accuracy_level=0, batch_max=2) as model:
+        model.prefill(a[:20], row=0)
+        model.prefill(b[:20], row=1)
+        got = model.decode_batch([a[20], b[20]], first_row=0)
+        model.swap_rows(0, 1)  # b in row 0 now
+        parked = model.kv_export(0, model.length(1), row=1)
+        model.rollback(0, row=1)
+        got_b = model.decode(b[21], row=0)
+        model.kv_import(parked, 0, row=1)
+        got_a = model.decode(a[21], row=1)
+    for row, want in ((got[0], want_a[20]), (got[1], want_b[20]), (got_a, want_a[21])):
+        assert float(np.abs(row - want).max()) / scale <= TOL
+    assert float(np.abs(got_b - want_b[21]).max()) / scale <= TOL
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_tokens_agree_with_f32(
+    synthetic_gguf, tmp_path: Path, arch: str, kv_dtype: str
+) -> None:
+    """On the fast path (int8 activations), 32 greedy tokens after a 20-token prompt are the
+    f32 cache's tokens (these synthetic models have no near ties over that stretch)."""
+    path = synthetic_gguf(arch, "q4_k")
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, 100, 20)]
+
+    def greedy(dtype: str) -> list[int]:
+        with _load(path, tmp_path, dtype) as model:
+            out = [int(np.argmax(model.prefill(prompt)))]
+            while len(out) < 32:
+                out.append(int(np.argmax(model.decode(out[-1]))))
+        return out
+
+    assert greedy(kv_dtype) == greedy("f32")
+
+
+def test_a_snapshot_of_one_dtype_is_refused_by_another(synthetic_gguf, tmp_path: Path) -> None:
+    path = synthetic_gguf("llama", "q8_0")
+    ids = [int(t) for t in np.random.default_rng(2).integers(0, 100, 12)]
+    with _load(path, tmp_path, "int8") as q8, _load(path, tmp_path, "f16") as h:
+        assert q8.graph_dir.name != h.graph_dir.name  # the layout key of the prefix store
+        q8.prefill(ids)
+        snap = q8.kv_export(0, len(ids))
+        with pytest.raises(NpuchatError, match="holds int8 rows but this cache stores f16"):
+            h.kv_import(snap, 0)
+        assert h.n_past == 0
+        # On disk: the int8 rows come back with their scales, and only to the int8 layout.
+        PrefixStore(q8.graph_dir.name, disk_dir=tmp_path / "p").persist(ids, q8.kv_export)
+        assert PrefixStore(h.graph_dir.name, disk_dir=tmp_path / "p").lookup(ids, 99) is None
+        hit = PrefixStore(q8.graph_dir.name, disk_dir=tmp_path / "p").lookup(ids, 99)
+        assert hit is not None and hit.source == "disk" and hit.snapshot.kv_dtype == "int8"
+        for got, want in zip(hit.snapshot.parts(), snap.parts(), strict=True):
+            assert all(np.array_equal(x, y) for x, y in zip(got, want, strict=True))
+        assert len(snap.parts()) == 4  # K, V and their scales
+        q8.rollback(0)
+        q8.kv_import(hit.snapshot, 0)
+        assert q8.n_past == len(ids)
+
+
+def test_int8_bytes_per_token_and_a_bad_dtype(synthetic_gguf, tmp_path: Path) -> None:
+    path = synthetic_gguf("llama", "q8_0")
+    sizes = {}
+    for dtype in ("f32", "f16", "int8"):
+        with _load(path, tmp_path, dtype) as model:
+            sizes[dtype] = model.kv_bytes_per_token
+            cfg = model.config
+    per_head = 2 * cfg.n_layers * cfg.n_kv_heads
+    assert sizes == {
+        "f32": per_head * cfg.head_dim * 4,
+        "f16": per_head * cfg.head_dim * 2,
+        "int8": per_head * (cfg.head_dim + 4),
+    }
+    with pytest.raises(NpuchatError, match="unknown KV dtype 'q4': use one of f32, f16, int8"):
+        _load(path, tmp_path, "q4")
+    with pytest.raises(NpuchatError, match="NPU graphs keep f32"):
+        _load(path, tmp_path, "int8", device="npu")
