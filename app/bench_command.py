@@ -90,7 +90,11 @@ def cmd_bench(ctx: AppContext, args: argparse.Namespace, console: Console) -> in
             bench_ctx = replace(
                 ctx,
                 paths=replace(ctx.paths, cache_dir=run.main_cache),
-                settings=replace(ctx.settings, threads=threads or 0),
+                settings=replace(
+                    ctx.settings,
+                    threads=threads or 0,
+                    kv_dtype=args.bench_kv_dtype or ctx.settings.kv_dtype,
+                ),
             )
             spec = EngineSpec(model, args.bench_draft, device)
             session = open_engine(bench_ctx, spec, batch_max=BATCH_MAX.get(device, 1))

@@ -18,7 +18,12 @@ from rich.console import Console
 from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
 
-from .cli_args import add_bench_arguments, add_doctor_arguments, add_run_arguments
+from .cli_args import (
+    add_bench_arguments,
+    add_doctor_arguments,
+    add_kv_dtype_argument,
+    add_run_arguments,
+)
 from .text_safety import escape_controls
 
 EXIT_USAGE = 2
@@ -54,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="model to chat with (see `npuchat models`)")
     parser.add_argument("--draft", help="draft model for speculative decoding: NAME, none, lookup")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="where the model runs")
+    add_kv_dtype_argument(parser, "kv_dtype")
     parser.add_argument("--server", help="chat with an OpenAI-compatible server at this URL")
     parser.add_argument("--api-key", dest="server_api_key", help="the server's API key")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")

@@ -12,6 +12,17 @@ from pathlib import Path
 
 from npuchat.engine.bench_suites import SUITES
 from npuchat.engine.devices import DEVICE_CHOICES, DEVICES
+from npuchat.engine.kv_layout import KV_DTYPES
+
+
+def add_kv_dtype_argument(p: argparse.ArgumentParser, dest: str) -> None:
+    p.add_argument(
+        "--kv-dtype",
+        dest=dest,
+        choices=list(KV_DTYPES),
+        help="how the KV cache stores K/V on the CPU: f32, f16 (half) or int8 (about a "
+        "quarter of the memory) (default: from settings, f32)",
+    )
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +55,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "lookup) or none; every mode gives the same tokens (default: from settings, lookup)",
     )
     p.add_argument("--device", dest="run_device", choices=DEVICE_CHOICES)
+    add_kv_dtype_argument(p, "run_kv_dtype")
 
 
 def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,6 +74,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the model's catalog draft, plus lookup)",
     )
     p.add_argument("--device", dest="bench_device", choices=DEVICE_CHOICES)
+    add_kv_dtype_argument(p, "bench_kv_dtype")
     p.add_argument("--suite", choices=sorted(SUITES), default="quick", help="default: quick")
     p.add_argument("--threads", dest="bench_threads", type=int, help="default: from settings")
     p.add_argument("--json", dest="bench_json", type=Path, metavar="FILE", help="write the report")

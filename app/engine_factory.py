@@ -142,6 +142,7 @@ def open_engine(
         npu_options=devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch),
         options=SessionOptions(keep_warm_s=keep_warm_s),
         batch_max=batch_max,
+        kv_dtype=ctx.settings.kv_dtype,
     )
     try:
         drafters = load_drafters(ctx, spec.model, session.model, spec.draft, report, pull_progress)

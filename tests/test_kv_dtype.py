@@ -11,15 +11,20 @@ requires too: the rounding really happens inside the graph.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel
+from synthetic import write_synthetic_gguf
 from test_graphs import CAPS, P, scripted_run
 
+from npuchat.app.cli import main
+from npuchat.app.settings import set_setting
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.model import Model
+from npuchat.engine.paths import Paths
 from npuchat.engine.prefix_store import PrefixStore
 
 TOL = 1e-4
@@ -142,3 +147,31 @@ def test_int8_bytes_per_token_and_a_bad_dtype(synthetic_gguf, tmp_path: Path) ->
         _load(path, tmp_path, "q4")
     with pytest.raises(NpuchatError, match="NPU graphs keep f32"):
         _load(path, tmp_path, "int8", device="npu")
+
+
+def _run_ids(args: list[str], capsys: pytest.CaptureFixture[str]) -> list[int]:
+    assert main(["run", "--model", "syn", "-p", "the quick fox", "-n", "12", "--json", *args]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    return [r["id"] for r in rows[:-1]]
+
+
+def test_run_takes_kv_dtype_from_the_flag_and_the_config(
+    isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
+    assert main(["import", str(path), "--name", "syn"]) == 0
+    capsys.readouterr()
+    graphs = Paths.from_env().cache_dir / "graphs"
+    plain = _run_ids([], capsys)
+    built = {p.name for p in graphs.iterdir()}
+    assert _run_ids(["--kv-dtype", "int8"], capsys) == plain
+    int8 = {p.name for p in graphs.iterdir()} - built
+    assert len(int8) == 1  # its own graphs (the int8 cache layout)
+    config = Paths.from_env().config_file  # it registers the imported model too
+    set_setting(config, "kv_dtype", "int8")
+    assert _run_ids([], capsys) == plain
+    assert {p.name for p in graphs.iterdir()} == built | int8  # the same int8 graphs again
+    config.write_text(config.read_text().replace('kv_dtype = "int8"', 'kv_dtype = "q4"'))
+    assert main(["run", "--model", "syn", "-p", "hi", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "kv_dtype = 'q4' is not one of f32, f16, int8" in err and "Traceback" not in err

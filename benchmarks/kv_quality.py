@@ -1,0 +1,221 @@
+"""KV cache dtypes on a real model: bytes per token, quality against f32, decode speed.
+
+    python benchmarks/kv_quality.py MODEL [--dtypes f32,f16,int8] [--prompts 20] [--tokens 256]
+        [--ppl-tokens 4096] [--contexts 128,2048,8000] [--threads 2]
+
+MODEL is a GGUF path or the name of an installed model. One model per dtype is loaded side by
+side (so memory is ~3 models' worth) and all of them are stepped in lockstep:
+
+* agreement: for each chat prompt, f32 decodes greedily for `--tokens` tokens; every other dtype
+  is fed the same tokens (teacher forcing) and its argmax compared at each step. The first step
+  where they differ is where free-running greedy output would first diverge; the f32 margin
+  between its top two logits there says whether that step was a near tie. `top1` is the share of
+  all steps whose argmax agrees (the steps after a divergence included, on f32's context);
+* `KL`: the mean KL(f32 ‖ dtype) of the next-token distributions over those same steps;
+* perplexity of a fixed text (`--text`, default this repo's README.md) over its first
+  `--ppl-tokens` tokens, fed in verify runs of 32 rows; its delta against f32 in percent;
+* decode tok/s at each context of `--contexts`, the dtypes alternating round by round so that a
+  noisy machine slows all of them alike; ratios against f32 from the same run.
+
+A script that prints figures, not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a hash map is in two sentences.",
+    "What does `git rebase` do, and when should I avoid it?",
+    "Write a SQL query that returns the ten most recent orders per customer.",
+    "Summarise the difference between a process and a thread.",
+    "Write a bash one-liner that counts the lines of every .py file in a folder.",
+    "How do I read a CSV file with pandas and drop rows with missing values?",
+    "Give three tips for writing clear commit messages.",
+    "Write a Rust function that reverses a vector in place.",
+    "What is the time complexity of binary search, and why?",
+    "Write a JavaScript debounce function.",
+    "Explain the CAP theorem briefly.",
+    "Write a C function that computes the length of a null-terminated string.",
+    "What is a race condition? Give a small example.",
+    "Write a Python class for a stack with push, pop and peek.",
+    "How does HTTPS protect data in transit?",
+    "Write a regular expression that matches an ISO date (YYYY-MM-DD).",
+    "What is the difference between `==` and `is` in Python?",
+    "Write a Go function that sums a slice of ints.",
+    "Explain what a closure is, with a short example.",
+]
+VERIFY_ROWS = 32
+DECODE_STEPS = 16
+
+
+def _resolve(model: str) -> Path:
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path.resolve()
+    from npuchat.engine.paths import Paths
+
+    candidate = Paths.from_env().models_dir / f"{model}.gguf"
+    if candidate.is_file():
+        return candidate
+    sys.exit(f"no GGUF at {model} and no installed model of that name ({candidate})")
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _kl(p_log: np.ndarray, q_log: np.ndarray) -> float:
+    return float((np.exp(p_log) * (p_log - q_log)).sum(axis=-1).mean())
+
+
+def agreement(models: dict, prompts: list[list[int]], tokens: int) -> dict[str, dict]:
+    """Greedy agreement and mean KL of every dtype against f32 (module doc)."""
+    out = {d: {"first": [], "ties": [], "top1": [], "kl": []} for d in models if d != "f32"}
+    for ids in prompts:
+        for m in models.values():
+            m.rollback(0)
+        logits = {d: m.prefill(ids) for d, m in models.items()}
+        first: dict[str, int | None] = dict.fromkeys(out)
+        for step in range(tokens):
+            ref = logits["f32"]
+            top = int(np.argmax(ref))
+            ref_log = _log_softmax(ref)
+            for d in out:
+                out[d]["kl"].append(_kl(ref_log, _log_softmax(logits[d])))
+                agree = int(np.argmax(logits[d])) == top
+                out[d]["top1"].append(agree)
+                if not agree and first[d] is None:
+                    first[d] = step
+                    two = np.sort(ref)[-2:]
+                    out[d]["ties"].append(float(two[1] - two[0]))
+            if step + 1 < tokens:
+                logits = {d: m.decode(top) for d, m in models.items()}
+        for d in out:
+            out[d]["first"].append(first[d])
+    return out
+
+
+def perplexity(models: dict, ids: list[int]) -> dict[str, float]:
+    nll = dict.fromkeys(models, 0.0)
+    for m in models.values():
+        m.rollback(0)
+    for start in range(0, len(ids) - 1, VERIFY_ROWS):
+        chunk = ids[start : start + VERIFY_ROWS]
+        target = ids[start + 1 : start + 1 + len(chunk)]
+        for d, m in models.items():
+            rows = _log_softmax(m.verify(chunk))[: len(target)]
+            nll[d] -= float(rows[np.arange(len(target)), target].sum())
+    return {d: float(np.exp(v / (len(ids) - 1))) for d, v in nll.items()}
+
+
+def decode_speed(models: dict, context: int, rounds: int) -> dict[str, float]:
+    """Median decode tok/s at `context`, the dtypes alternating each round."""
+    vocab = next(iter(models.values())).config.vocab_size
+    fill = [int(t) for t in np.random.default_rng(0).integers(0, vocab, context)]
+    for m in models.values():
+        m.rollback(0)
+        m.prefill(fill)
+    times: dict[str, list[float]] = {d: [] for d in models}
+    for _ in range(rounds):
+        for d, m in models.items():
+            t = time.perf_counter()
+            for j in range(DECODE_STEPS):
+                m.decode(fill[j])
+            times[d].append(DECODE_STEPS / (time.perf_counter() - t))
+            m.rollback(context)
+    return {d: statistics.median(v) for d, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--dtypes", default="f32,f16,int8")
+    ap.add_argument("--prompts", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--ppl-tokens", type=int, default=4096)
+    ap.add_argument("--text", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--contexts", default="128,2048,8000")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    args = ap.parse_args()
+
+    from npuchat.engine.chat_template import ChatTemplate
+    from npuchat.engine.gguf_reader import GGUFFile
+    from npuchat.engine.model import Model
+    from npuchat.engine.tokenizer import Tokenizer
+
+    path = _resolve(args.model)
+    dtypes = args.dtypes.split(",")
+    if dtypes[0] != "f32":
+        sys.exit("--dtypes must start with f32 (the reference)")
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    cache = args.cache_dir or Path(tempfile.gettempdir()) / "npuchat-kv-quality"
+    with GGUFFile(path) as g:
+        tok, template = Tokenizer.from_gguf(g), ChatTemplate.from_gguf(g)
+    prompts = [
+        tok.encode_chat(template.render_pieces([{"role": "user", "content": p}]))
+        for p in PROMPTS[: args.prompts]
+    ]
+    text_ids = tok.encode(args.text.read_text())[: args.ppl_tokens]
+    need = max([*contexts, len(text_ids), max(map(len, prompts)) + args.tokens]) + DECODE_STEPS
+    models = {}
+    for d in dtypes:
+        models[d] = Model.load(
+            path, cache_dir=cache, threads=args.threads, kv_dtype=d, verify_k=VERIFY_ROWS - 1
+        )
+        if need > models[d].max_capacity:
+            sys.exit(f"the run needs {need} slots; the model holds {models[d].max_capacity}")
+
+    print(
+        f"{path.name}: {len(prompts)} prompts x {args.tokens} tokens, perplexity over "
+        f"{len(text_ids)} tokens of {args.text.name}, {args.threads} threads"
+    )
+    base = models["f32"].kv_bytes_per_token
+    print("\nKV bytes per token (all layers, K+V, int8 with its scales)")
+    for d, m in models.items():
+        print(f"  {d:5} {m.kv_bytes_per_token:8,d}  {m.kv_bytes_per_token / base:5.3f}x f32")
+
+    agree = agreement(models, prompts, args.tokens)
+    ppl = perplexity(models, text_ids)
+    print("\nquality against f32")
+    print(
+        f"  {'dtype':5} {'same greedy':>11} {'first div. (median, min)':>25} "
+        f"{'top1':>6} {'mean KL':>9} {'ppl':>8} {'Δppl':>7}"
+    )
+    print(f"  {'f32':5} {'':>11} {'':>25} {'':>6} {'':>9} {ppl['f32']:8.3f}")
+    for d, a in agree.items():
+        firsts = [f for f in a["first"] if f is not None]
+        same = sum(f is None for f in a["first"])
+        div = f"{statistics.median(firsts):.0f}, {min(firsts)}" if firsts else "-"
+        delta = 100 * (ppl[d] / ppl["f32"] - 1)
+        print(
+            f"  {d:5} {same:>5}/{len(prompts):<5} {div:>25} {np.mean(a['top1']):6.3f} "
+            f"{np.mean(a['kl']):9.2e} {ppl[d]:8.3f} {delta:+6.2f}%"
+        )
+        if a["ties"]:
+            margins = ", ".join(f"{m:.2f}" for m in a["ties"])
+            print(f"        f32 top-2 logit margin at each divergence: {margins}")
+
+    print(f"\ndecode tok/s (median of {args.rounds} rounds of {DECODE_STEPS} steps, alternating)")
+    for c in contexts:
+        speed = decode_speed(models, c, args.rounds)
+        cells = "  ".join(f"{d} {v:6.1f} ({v / speed['f32']:.2f}x)" for d, v in speed.items())
+        print(f"  context {c:5}: {cells}")
+    for m in models.values():
+        m.close()
+
+
+if __name__ == "__main__":
+    main()
