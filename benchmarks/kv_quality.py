@@ -3,8 +3,8 @@
     python benchmarks/kv_quality.py MODEL [--dtypes f32,f16,int8] [--prompts 20] [--tokens 256]
         [--ppl-tokens 4096] [--contexts 128,2048,8000] [--threads 2]
 
-MODEL is a GGUF path or the name of an installed model. One model per dtype is loaded side by
-side (so memory is ~3 models' worth) and all of them are stepped in lockstep:
+MODEL is a GGUF file. One model per dtype is loaded side by side (so memory is ~3 models' worth)
+and all of them are stepped in lockstep:
 
 * agreement: for each chat prompt, f32 decodes greedily for `--tokens` tokens; every other dtype
   is fed the same tokens (teacher forcing) and its argmax compared at each step. The first step
@@ -12,8 +12,9 @@ side (so memory is ~3 models' worth) and all of them are stepped in lockstep:
   between its top two logits there says whether that step was a near tie. `top1` is the share of
   all steps whose argmax agrees (the steps after a divergence included, on f32's context);
 * `KL`: the mean KL(f32 ‖ dtype) of the next-token distributions over those same steps;
-* perplexity of a fixed text (`--text`, default this repo's README.md) over its first
-  `--ppl-tokens` tokens, fed in verify runs of 32 rows; its delta against f32 in percent;
+* perplexity of a fixed text (`--text`; by default the source of Python's own `argparse`
+  module: code, long, and the same for a given Python) over its first `--ppl-tokens` tokens,
+  fed in verify runs of 32 rows; its delta against f32 in percent;
 * decode tok/s at each context of `--contexts`, the dtypes alternating round by round so that a
   noisy machine slows all of them alike; ratios against f32 from the same run.
 
@@ -31,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
     "Explain what a hash map is in two sentences.",
@@ -56,18 +56,6 @@ PROMPTS = [
 ]
 VERIFY_ROWS = 32
 DECODE_STEPS = 16
-
-
-def _resolve(model: str) -> Path:
-    path = Path(model).expanduser()
-    if path.is_file():
-        return path.resolve()
-    from npuchat.engine.paths import Paths
-
-    candidate = Paths.from_env().models_dir / f"{model}.gguf"
-    if candidate.is_file():
-        return candidate
-    sys.exit(f"no GGUF at {model} and no installed model of that name ({candidate})")
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -139,12 +127,12 @@ def decode_speed(models: dict, context: int, rounds: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("model")
+    ap.add_argument("model", type=Path, help="a GGUF file")
     ap.add_argument("--dtypes", default="f32,f16,int8")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--ppl-tokens", type=int, default=4096)
-    ap.add_argument("--text", type=Path, default=ROOT / "README.md")
+    ap.add_argument("--text", type=Path, default=Path(argparse.__file__))
     ap.add_argument("--contexts", default="128,2048,8000")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -156,7 +144,9 @@ def main() -> None:
     from npuchat.engine.model import Model
     from npuchat.engine.tokenizer import Tokenizer
 
-    path = _resolve(args.model)
+    path = args.model.expanduser()
+    if not path.is_file():
+        sys.exit(f"no GGUF file at {path}")
     dtypes = args.dtypes.split(",")
     if dtypes[0] != "f32":
         sys.exit("--dtypes must start with f32 (the reference)")

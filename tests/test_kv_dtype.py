@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from reference_forward import ReferenceModel
-from synthetic import write_synthetic_gguf
 from test_graphs import CAPS, P, scripted_run
 
 from npuchat.app.cli import main
@@ -85,6 +84,22 @@ def test_int8_rows_of_a_batch_move_with_their_scales(synthetic_gguf, tmp_path: P
     for row, want in ((got[0], want_a[20]), (got[1], want_b[20]), (got_a, want_a[21])):
         assert float(np.abs(row - want).max()) / scale <= TOL
     assert float(np.abs(got_b - want_b[21]).max()) / scale <= TOL
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+def test_verify_rows_equal_decode_bit_for_bit(
+    synthetic_gguf, tmp_path: Path, kv_dtype: str
+) -> None:
+    """What exact speculative decoding rests on holds for converted caches too: each row is
+    rounded alone, so k+1 rows verified at once give the logits of k+1 decode steps."""
+    path = synthetic_gguf("qwen2", "q4_k")
+    ids = [int(t) for t in np.random.default_rng(9).integers(0, 100, 17)]
+    with _load(path, tmp_path, kv_dtype) as model:
+        model.prefill(ids[:12])
+        decoded = np.stack([model.decode(t) for t in ids[12:]])
+        model.rollback(12)
+        verified = model.verify(ids[12:])
+    assert np.array_equal(decoded, verified)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
@@ -156,11 +171,8 @@ def _run_ids(args: list[str], capsys: pytest.CaptureFixture[str]) -> list[int]:
 
 
 def test_run_takes_kv_dtype_from_the_flag_and_the_config(
-    isolated_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    syn: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5)
-    assert main(["import", str(path), "--name", "syn"]) == 0
-    capsys.readouterr()
     graphs = Paths.from_env().cache_dir / "graphs"
     plain = _run_ids([], capsys)
     built = {p.name for p in graphs.iterdir()}
