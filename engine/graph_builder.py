@@ -208,7 +208,7 @@ def _store_rows(
     )
     stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
     scales = gr.op("ScatterND", [f"{past}_scale", "kv_slots", scale], outputs=[f"{present}_scale"])
-    columns = gr.op("Transpose", [scales], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: no data moves
+    columns = gr.op("Transpose", [scales], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: C floats
     return gr.op("Cast", [stored], to=TensorProto.FLOAT), columns
 
 

@@ -2,11 +2,12 @@
 
 `f32` keeps the rows as the graph computes them. `f16` halves them (a Cast on write and on
 read). `int8` quarters them: each row of one head (head_dim values) is stored as int8 with its
-own float32 scale, `absmax / 127`, quantized in the graph when the row is written and
-dequantized inside attention; a scale per (token, head) follows the rows' range, which varies
-between heads and tokens by orders of magnitude (K rows after rotary more than V rows), where a
-scale per tensor would round the small heads to nothing. Its cost is 4 bytes per (token, head)
-on top of head_dim bytes.
+own float32 scale, `absmax / 127`, quantized in the graph when the row is written and applied
+inside attention; 4 bytes per (token, head) on top of head_dim bytes. Measured on 300 tokens of
+real rows of qwen2.5-coder-0.5b (f32 cache), the relative error is 1.1e-2 for K and 7e-3 for
+V; blocks of 32 values (llama.cpp's q8_0 layout) gave 9e-3 for K and no better perplexity, so
+the simpler scale per head stays. One scale per channel gave 2.6e-3 for K (its outlier
+channels are the same from token to token): the scheme to try next for K.
 
 A snapshot is copied out and back in its cache's storage, never converted: its rows are only
 meaningful in a cache of the same dtype, so a mismatch is an error, not a silent conversion.

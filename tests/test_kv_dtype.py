@@ -11,6 +11,8 @@ requires too: the rounding really happens inside the graph.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from test_graphs import CAPS, P, scripted_run
 from npuchat.app.cli import main
 from npuchat.app.settings import set_setting
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.kv_layout import KVSnapshot
 from npuchat.engine.model import Model
 from npuchat.engine.paths import Paths
 from npuchat.engine.prefix_store import PrefixStore
@@ -187,3 +190,31 @@ def test_run_takes_kv_dtype_from_the_flag_and_the_config(
     assert main(["run", "--model", "syn", "-p", "hi", "-n", "1"]) == 2
     err = capsys.readouterr().err
     assert "kv_dtype = 'q4' is not one of f32, f16, int8" in err and "Traceback" not in err
+
+
+def test_an_int8_prefix_file_without_its_scales_is_refused(tmp_path: Path) -> None:
+    """int8 rows are meaningless without their scales: a file that lost them (its hash made to
+    match, as another program could write it) is reported and not loaded."""
+    ids = [5, 6, 7]
+    rng = np.random.default_rng(0)
+
+    def rows(start: int, end: int) -> KVSnapshot:
+        n = end - start
+        ints = [rng.integers(-127, 128, (1, 2, n, 4)).astype(np.int8) for _ in range(4)]
+        scales = [np.ones((1, 2, n, 1), np.float32) for _ in range(4)]
+        return KVSnapshot(start, ints[:2], ints[2:], scales[:2], scales[2:])
+
+    PrefixStore("layout", disk_dir=tmp_path).persist(ids, rows)
+    (head,) = (tmp_path / "layout").glob("*.json")
+    body = head.with_suffix(".npz")
+    with np.load(body) as z:
+        kept = {name: z[name] for name in z.files if "scale" not in name}
+    buf = io.BytesIO()
+    np.savez(buf, **kept)
+    body.write_bytes(buf.getvalue())
+    header = json.loads(head.read_text())
+    header["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    head.write_text(json.dumps(header))
+    store = PrefixStore("layout", disk_dir=tmp_path)
+    assert store.lookup(ids, 10) is None
+    assert any("does not hold K/V rows" in w for w in store.warnings)
