@@ -7,6 +7,8 @@ return only the new rows, which the host writes at slot `n` (DESIGN §3); the CP
 them into the buffers itself. Rolling back (rejected draft tokens, an edited message) is moving
 `n`; nothing is recomputed. Capacity variants keep attention cost proportional to what is used:
 the cache lives in the smallest listed capacity that fits and moves up with one copy.
+The buffers hold K/V in the cache's `kv_dtype` (`kv_layout`: f32, f16, or int8 with per-(token,
+head) scales in an array of their own, moved, swapped and exported with their rows).
 """
 
 from __future__ import annotations
