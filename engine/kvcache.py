@@ -13,6 +13,9 @@ head) scales in an array of their own, moved, swapped and exported with their ro
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import mmap
 import threading
 from collections.abc import Sequence
@@ -34,6 +37,14 @@ def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
     top = max(1, min(context_length, limit))
     steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
     return [*(c for c in steps if c < top), top]
+
+
+_MADV_DONTNEED = 4  # Linux
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 class KVCache:
@@ -146,17 +157,21 @@ class KVCache:
         self.generation += 1
 
     def _reserve(self) -> None:
-        """Anonymous memory for the largest capacity: reserved, not resident until touched."""
+        """Memory for the largest capacity: numpy's zeroed allocation, which the C library maps
+        fresh for a buffer this size, so pages become resident only when touched."""
         nbytes = self._data_bytes(self.max_capacity)
-        self._mm = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE))
-        self._flat = np.frombuffer(self._mm, self.dtype, count=nbytes // self.dtype.itemsize)
+        self._flat = np.zeros(nbytes // self.dtype.itemsize, self.dtype)
         self._prefaulting: threading.Thread | None = None
         self._prefaulted = 0  # elements of the buffer known to be resident
 
     def _release(self, keep: int) -> None:
-        start = -(-keep * self.dtype.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
-        if start < len(self._mm):
-            self._mm.madvise(mmap.MADV_DONTNEED, start, len(self._mm) - start)
+        """Hand the pages past the first `keep` elements back to the OS (they read as zeros)."""
+        page = mmap.PAGESIZE
+        base = self._flat.ctypes.data
+        start = -(-(base + keep * self.dtype.itemsize) // page) * page
+        end = (base + self._flat.nbytes) // page * page
+        if end > start:
+            _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
         self._prefaulted = min(self._prefaulted, keep)
 
     def _prefault(self, capacity: int) -> None:
