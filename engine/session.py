@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from .chat_template import ChatTemplate
@@ -40,28 +39,11 @@ from .prompts import PromptBuilder
 from .reply import stream_reply
 from .sampling_domain import sampling_problems
 from .sequence import Sequence
+from .session_options import MIN_PREFIX_BUDGET, SessionOptions
 from .speculative import SpeculativeDecoder
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-MIN_PREFIX_BUDGET = 32 << 20
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    # RAM for kept prefixes (other conversations, system prompts); None: a quarter of the model
-    # file, at least MIN_PREFIX_BUDGET. A fixed 512 MiB let a long session of new conversations
-    # grow a 98 MB model's process by hundreds of MB; tied to the model, it stays in the RSS
-    # budget (1.3x the GGUF plus the KV cache). Evicted prefixes of system prompts stay on disk.
-    prefix_budget_bytes: int | None = None
-    persist_prefixes: bool = True
-    # A chat app idles between turns, and this kind of machine reclaims pages left untouched for
-    # ~60 s (the mapped weights, ORT's code); the next turn then faults them back in slowly. A
-    # one-token decode (rolled back) every `keep_warm_s` of idleness keeps them resident for a
-    # few ms of CPU. 0 (the default, for library use and tests) turns it off; the app sets it.
-    # It only runs on the CPU (a simulated NPU step costs seconds).
-    keep_warm_s: float = 0.0
 
 
 class ChatSession:

@@ -1,11 +1,6 @@
-"""The concurrent engine on synthetic models: priorities, preemption and parking,
-cancellation, the bounded queue, conversations keeping their KV, and a stress test of many
-requests with nothing lost or mixed up.
-
-Replies are checked against the same request run alone, event order and freed slots: the
-scheduler's bookkeeping. That batched and mixed steps give the same logits as single ones is
-`test_batched_numerics.py`.
-"""
+"""The concurrent engine on synthetic models: priorities, preemption and parking, cancel, the
+bounded queue, conversations keeping their KV, and a stress test with nothing lost or mixed up:
+replies against the same request run alone (batched numerics: `test_batched_numerics.py`)."""
 
 from __future__ import annotations
 
