@@ -34,6 +34,16 @@ class CpuSteps:
         self._steps: dict[tuple[int, int, int, int], _StepBuffers] = {}
         self._cache_values: list[ort.OrtValue] = []
 
+    def close(self) -> None:
+        """Drop the binding before the session: ONNX Runtime's IOBinding points into its
+        session, and freeing them the other way round (the order Python drops attributes in)
+        intermittently aborted the process at exit ("free(): invalid pointer")."""
+        self.io.clear_binding_inputs()
+        self.io.clear_binding_outputs()
+        del self.io
+        self._cache_values = []
+        self._steps.clear()
+
     def run(
         self,
         embeddings: np.ndarray,

@@ -3,6 +3,24 @@
 `linear` is the one place a weight matrix becomes ops: `MatMulNBits` (with the block-offset Gemm
 for asymmetric blocks) or a dense MatMul, and, for exact decode steps, the row padding that makes
 a lone row take the same kernels as a row among others (`RowPad`).
+
+Decode and verify agree bit for bit, which is what makes speculative decoding exact. Two things
+would otherwise make them differ, and ONNX Runtime's int8-activation kernels turn a 1e-6
+difference into logit differences of 0.2–0.9 within one forward pass (a rounding flip of one
+quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0.5B):
+
+* attention summing the same terms in another order: solved in the graph (K/V scattered into the
+  cache first, so every row attends the same columns in the same order);
+* `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
+  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a step with one row of
+  logits (a decode step; a prefill chunk, whose LM head sees its last row only) passes
+  `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its rows plus a
+  copy of row 0 (`RowPad`); every other op runs on the real rows (`Model.exact_decode`).
+  A prefill chunk then gives the same logits alone as mixed into a batched step.
+  Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
+  gave qwen2.5-coder-0.5b (mostly 8-bit) 6–13% more decode speed, and SmolLM2 and the 1.5B
+  (mostly 4-bit) the same speed within noise (A/B runs, alternating). A draft model's own
+  decode need not match its verify rows, so drafters turn padding off.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """A loaded model: config, compiled graphs, one runtime session, and its static KV cache.
 
-This is the interface the conversation session builds on: `prefill` appends tokens at `n_past`
-and returns the last position's logits, `decode` one token, `verify` up to k+1 tokens with
-logits for every row (speculative decoding), `rollback` moves the fill level back, and
-`kv_export`/`kv_import` move rows in and out for the prefix store. The cache holds `batch_max`
-sequences (KV slots, rows of the batch dimension); each of these takes the `row` it works on,
-and `decode_batch` runs one decode step for the sequences in a contiguous range of rows at once.
+The interface sequences build on: `prefill` appends tokens and returns the last position's
+logits, `decode` one token, `verify` up to k+1 tokens with logits for every row, `rollback`
+moves the fill level back, `kv_export`/`kv_import` move rows for the prefix store. The cache
+holds `batch_max` sequences (KV slots; each call takes its `row`); `decode_batch` and
+`step_rows` run a contiguous range of rows in one step.
 
-On the CPU one graph with symbolic S and C serves prefill chunks, decode and verify at every
-capacity (see `graph_builder`): one session, so the weights are prepacked once. The cache
-buffers are bound to the session as OrtValues over the numpy arrays, as inputs and as the
-outputs of the graph's in-place scatter, so the new K/V rows land in the cache with no copy.
+On the CPU one graph with symbolic S and C serves every step at every capacity (one session:
+the weights are prepacked once); `cpu_steps` binds the cache to it with no copy.
 
-Decode and verify agree bit for bit, which is what makes speculative decoding exact. Two things
-would otherwise make them differ, and ONNX Runtime's int8-activation kernels turn a 1e-6
-difference into logit differences of 0.2–0.9 within one forward pass (a rounding flip of one
-quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0.5B):
-
-* attention summing the same terms in another order: solved in the graph (K/V scattered into the
-  cache first, so every row attends the same columns in the same order);
-* `MatMulNBits` choosing a one-row kernel for one row and a multi-row kernel for more, which
-  round differently (~1e-6 for 4-bit weights; 8-bit ones agree): so a step with one row of
-  logits (a decode step; a prefill chunk, whose LM head sees its last row only) passes
-  `pad_rows = [0]` and the graph runs just the matmuls whose kernels differ on its rows plus a
-  copy of row 0 (`graph_ops.RowPad`); every other op runs on the real rows (`exact_decode`).
-  A prefill chunk then gives the same logits alone as mixed into a batched step.
-  Padding only those matmuls, rather than running the whole step on two rows as builder v8 did,
-  gave qwen2.5-coder-0.5b (mostly 8-bit) 6–13% more decode speed, and SmolLM2 and the 1.5B
-  (mostly 4-bit) the same speed within noise (A/B runs, alternating). A draft model's own
-  decode need not match its verify rows, so drafters turn padding off.
+Decode, verify, batched and mixed steps give a row the same logits bit for bit (exact
+speculation, batching that changes nothing): the `graph_ops` module doc says how.
 """
 
 from __future__ import annotations
@@ -263,9 +245,10 @@ class Model:
         self._kv.swap(a, b)
 
     def close(self) -> None:
-        self._session = None
-        self._npu = None
-        self._cpu = None
+        for steps in (self._cpu, self._npu):
+            if steps is not None:
+                steps.close()  # the bindings go before the sessions
+        self._cpu, self._session, self._npu = None, None, None
         gguf = getattr(self, "_gguf", None)
         if gguf is not None:
             embed = getattr(self, "embed", None)

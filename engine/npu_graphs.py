@@ -89,6 +89,13 @@ class _Bound:
             self._bind(f"new_v_{i}", self.new_v[i], output=True)
         self.cache_key: tuple[int, int] | None = None  # (generation, first row)
 
+    def close(self) -> None:
+        """Drop the binding before the session (`CpuSteps.close` says why)."""
+        self.io.clear_binding_inputs()
+        self.io.clear_binding_outputs()
+        del self.io
+        self._values = []
+
     def _bind(self, name: str, arr: np.ndarray, output: bool) -> None:
         value = ort.OrtValue.ortvalue_from_numpy(arr)
         if output:
@@ -120,6 +127,11 @@ class NpuGraphs:
             for name, spec in compiled.specs.items()
         }
         self.load_seconds = time.perf_counter() - t0
+
+    def close(self) -> None:
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs = {}
 
     @classmethod
     def load(
