@@ -86,6 +86,14 @@ class _Stream(threading.Thread):
                 self.cancel.set()
 
 
+def _streaming(*streams: _Stream) -> None:
+    """Start the streams and wait until each has streamed its first token."""
+    for s in streams:
+        s.start()
+    while not all(_ids(s.events) for s in streams):
+        time.sleep(0.005)
+
+
 def _words(seed: int, n: int) -> str:
     rng = random.Random(seed)
     vocab = [
@@ -146,9 +154,7 @@ def test_background_yields_to_interactive_within_one_step(engine: ConcurrentEngi
     one engine step of background work happens between its arrival and its first prefill."""
     sched = engine.scheduler
     bg = _Stream(engine, _req("bg", _words(1, 20), "background", max_tokens=200, ignore_eos=True))
-    bg.start()
-    while not _ids(bg.events):
-        time.sleep(0.005)
+    _streaming(bg)
     sched.steps.clear()
     sched.record_steps = True
     fg = _Stream(engine, _req("fg", _words(2, 120), max_tokens=4))
@@ -177,9 +183,7 @@ def test_cancel_frees_the_slot_at_once(chat_path: Path, tmp_path: Path) -> None:
         long = _Stream(
             engine, _req("a", _words(3, 10), max_tokens=400, ignore_eos=True), delay=0.01
         )
-        long.start()
-        while not _ids(long.events):
-            time.sleep(0.005)
+        _streaming(long)
         second = _Stream(engine, _req("b", _words(4, 10), max_tokens=3))
         second.start()
         time.sleep(0.2)
@@ -201,9 +205,7 @@ def test_full_queue_answers_busy(chat_path: Path, tmp_path: Path) -> None:
         running = _Stream(
             engine, _req("a", _words(5, 10), max_tokens=400, ignore_eos=True), delay=0.01
         )
-        running.start()
-        while not _ids(running.events):
-            time.sleep(0.005)
+        _streaming(running)
         waiting = _Stream(engine, _req("b", _words(6, 10), max_tokens=2))
         waiting.start()
         time.sleep(0.1)
@@ -340,10 +342,7 @@ def test_interactive_preempts_background_holding_every_slot(
         for i in range(2)
     ]
     try:
-        for s in bgs:
-            s.start()
-        while not all(_ids(s.events) for s in bgs):
-            time.sleep(0.005)
+        _streaming(*bgs)
         fg = _Stream(engine, _req("fg", _words(30, 8), max_tokens=6, ignore_eos=True))
         fg.start()
         fg.join(timeout=60)
@@ -362,10 +361,7 @@ def test_interactive_preempts_background_holding_every_slot(
             )
             for i in range(2)
         ]
-        for s in hold:
-            s.start()
-        while not all(_ids(s.events) for s in hold):
-            time.sleep(0.005)
+        _streaming(*hold)
         fg2 = _Stream(
             engine, _req("fg2", _words(31, 8), max_tokens=200, ignore_eos=True), delay=0.01
         )

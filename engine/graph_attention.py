@@ -1,0 +1,85 @@
+"""Attention inside the decoder graph: the two cache layouts and how new K/V rows are stored.
+
+`attend_split` is the NPU's static layout (the cache read only, the new rows returned for the
+host to write); `attend_inplace` the CPU's (the new rows scattered into the cache first, in its
+dtype, `kv_layout`). Both decompose attention into MatMul, Add(mask), Softmax, MatMul with Q as
+`[B, Hkv, G·S, dh]` (`graph_builder` says why).
+"""
+
+from __future__ import annotations
+
+from onnx import TensorProto
+
+from .graph_ops import Graph
+
+__all__ = ["attend_inplace", "attend_split"]
+
+
+def attend_split(
+    gr: Graph, i: int, q: str, k_new: str, v_new: str, mask: str, split_cs: str
+) -> str:
+    """Attention over the read-only cache plus the S new rows as separate column blocks.
+
+    The static (NPU) layout: the cache is never copied, only the new rows come out (`new_k_i`,
+    `new_v_i`, named by the caller) and the host writes them back.
+    """
+    kt_past = gr.op("Transpose", [f"past_k_{i}"], perm=[0, 1, 3, 2])
+    kt_new = gr.op("Transpose", [k_new], perm=[0, 1, 3, 2])
+    scores = gr.op("Concat", [gr.op("MatMul", [q, kt_past]), gr.op("MatMul", [q, kt_new])], axis=-1)
+    probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
+    p_past, p_new = gr.op("Split", [probs, split_cs], n_out=2, axis=-1)
+    return gr.op("Add", [gr.op("MatMul", [p_past, f"past_v_{i}"]), gr.op("MatMul", [p_new, v_new])])
+
+
+def attend_inplace(
+    gr: Graph, i: int, q: str, k_new: str, v_new: str, mask: str, kv: tuple[str, int]
+) -> str:
+    """Attention after scattering the S new rows into the cache at `kv_slots` (the CPU layout).
+
+    Every row then attends the same `[C]` columns in the same order whether it came in a decode
+    step or a verify step, so the two give bit-identical results (speculation is exact). The
+    host binds `present_*_i` to the same buffers as `past_*_i`, and ONNX Runtime's ScatterND
+    skips its copy when input and output are one buffer: the rows land in the cache in place.
+    A cache of another dtype (`kv_layout`) stores the rows converted and attention reads them
+    back as float32; each row is converted alone, so decode and verify still agree. int8 rows
+    are read as their integers and each slot's scale multiplies its score column (K) and its
+    probability column (V): `[G·S, C]` products instead of `[C, dh]` ones, and a plain Cast
+    instead of a blocked DequantizeLinear, which ONNX Runtime runs ~20x slower than Cast.
+    """
+    k_all, k_scale = _store_rows(gr, i, "k", k_new, *kv)
+    v_all, v_scale = _store_rows(gr, i, "v", v_new, *kv)
+    scores = gr.op("MatMul", [q, gr.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
+    if k_scale:
+        scores = gr.op("Mul", [scores, k_scale])
+    probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
+    if v_scale:
+        probs = gr.op("Mul", [probs, v_scale])
+    return gr.op("MatMul", [probs, v_all])
+
+
+def _store_rows(
+    gr: Graph, i: int, kind: str, new: str, kv_dtype: str, head_dim: int
+) -> tuple[str, str | None]:
+    """Scatter the new rows `[B, Hkv, S, dh]` into cache `kind` of layer i in its dtype.
+
+    Returns the whole cache as float32 `[B, Hkv, C, dh]` and, for int8, its scales as a row
+    `[B, Hkv, 1, C]` (the values are then the integers; the caller applies the scales). int8:
+    one scale per row of a head, `max(absmax / 127, tiny)` (tiny keeps an all-zero row finite),
+    and one blocked QuantizeLinear over head_dim (Div, Round and a saturating Cast in one op).
+    """
+    past, present = f"past_{kind}_{i}", f"present_{kind}_{i}"
+    if kv_dtype == "f32":
+        return gr.op("ScatterND", [past, "kv_slots", new], outputs=[present]), None
+    if kv_dtype == "f16":
+        rows = gr.op("Cast", [new], to=TensorProto.FLOAT16)
+        stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
+        return gr.op("Cast", [stored], to=TensorProto.FLOAT), None
+    absmax = gr.op("ReduceMax", [gr.op("Abs", [new]), gr.ints([-1])], keepdims=1)
+    scale = gr.op("Max", [gr.op("Div", [absmax, gr.scalar(127.0)]), gr.scalar(1e-30)])
+    rows = gr.op(
+        "QuantizeLinear", [new, scale], axis=-1, block_size=head_dim, output_dtype=TensorProto.INT8
+    )
+    stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
+    scales = gr.op("ScatterND", [f"{past}_scale", "kv_slots", scale], outputs=[f"{present}_scale"])
+    columns = gr.op("Transpose", [scales], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: C floats
+    return gr.op("Cast", [stored], to=TensorProto.FLOAT), columns
