@@ -32,6 +32,7 @@ from npuchat.engine.events import (
     MetricsUpdate,
     Notice,
     SamplingParams,
+    StopReason,
     TokenDelta,
 )
 from npuchat.engine.sampling_domain import SAMPLING_FIELDS, check_sampling
@@ -184,8 +185,10 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
         engine.close()
     if saver is not None and final is not None:
-        status: MessageStatus = "complete" if isinstance(final, Finished) else "stopped"
-        saver.finish(status, final.metrics)
+        done = final if isinstance(final, Finished) else None
+        status: MessageStatus = "complete" if done is not None else "stopped"
+        reason = done.stop_reason if done is not None else None
+        saver.finish(status, final.metrics, stop_reason=reason, token_limit=sampling.max_tokens)
     if store is not None:
         store.close()
     if args.verbose and final is not None and not args.json:
@@ -240,9 +243,22 @@ class ReplySaver:
             self._saved_at = time.monotonic()
             self._saved_len = len(text)
 
-    def finish(self, status: MessageStatus, metrics: Metrics | None, error: str = "") -> None:
+    def finish(
+        self,
+        status: MessageStatus,
+        metrics: Metrics | None,
+        error: str = "",
+        stop_reason: StopReason | None = None,
+        token_limit: int = 0,
+    ) -> None:
         self.store.update_message(
-            self.message_id, content=self.text, status=status, metrics=metrics, error=error
+            self.message_id,
+            content=self.text,
+            status=status,
+            metrics=metrics,
+            error=error,
+            stop_reason=stop_reason,
+            token_limit=token_limit,
         )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.events import Metrics
+from npuchat.engine.events import Metrics, StopReason
 
 from . import store_schema
 from .store_records import (
@@ -42,7 +42,10 @@ T = TypeVar("T")
 Clock = Callable[[], datetime]
 
 _CONVERSATION_COLUMNS = "id, title, created_at, updated_at, settings"
-_MESSAGE_COLUMNS = "id, conversation_id, role, content, status, created_at, metrics, error"
+_MESSAGE_COLUMNS = (
+    "id, conversation_id, role, content, status, created_at, metrics, error, stop_reason,"
+    " token_limit"
+)
 
 
 def _utc_now() -> datetime:
@@ -267,15 +270,27 @@ class ConversationStore:
         status: MessageStatus,
         metrics: Metrics | None = None,
         error: str = "",
+        stop_reason: StopReason | None = None,
+        token_limit: int = 0,
         deadline_s: float | None = None,
     ) -> StoredMessage:
         """Overwrite a (streaming) reply: called periodically with status "partial" and once
-        more when the reply ends. `deadline_s` bounds the wait for a locked file (a periodic
-        save can give up and let the next one catch up)."""
+        more when the reply ends, with why it ended and the token limit it had. `deadline_s`
+        bounds the wait for a locked file (a periodic save can give up and let the next one
+        catch up)."""
         self._write(
             lambda db: db.execute(
-                "UPDATE messages SET content = ?, status = ?, metrics = ?, error = ? WHERE id = ?",
-                (content, status, metrics_to_json(metrics), error, message_id),
+                "UPDATE messages SET content = ?, status = ?, metrics = ?, error = ?,"
+                " stop_reason = ?, token_limit = ? WHERE id = ?",
+                (
+                    content,
+                    status,
+                    metrics_to_json(metrics),
+                    error,
+                    stop_reason or "",
+                    token_limit,
+                    message_id,
+                ),
             ),
             deadline_s,
         )

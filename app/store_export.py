@@ -39,6 +39,7 @@ def export_json(conv: Conversation, msgs: list[StoredMessage]) -> str:
                 "created_at": m.created_at.isoformat(),
                 "metrics": None if m.metrics is None else asdict(m.metrics),
                 "error": m.error,
+                "stop_reason": m.stop_reason,
             }
             for m in msgs
         ],

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Literal
 
-from npuchat.engine.events import Metrics, SamplingParams
+from npuchat.engine.events import Metrics, SamplingParams, StopReason
 
 Role = Literal["system", "user", "assistant"]
 MessageStatus = Literal["complete", "stopped", "partial", "error"]
@@ -73,6 +73,16 @@ class StoredMessage:
     created_at: datetime
     metrics: Metrics | None = None
     error: str = ""
+    stop_reason: StopReason | None = None
+    """Why a complete reply ended (None: not ended, or written before the store kept it)."""
+    token_limit: int = 0
+    """The reply's max_tokens, kept with it: a reply cut by it says which limit cut it."""
+
+    @property
+    def cut_at(self) -> int:
+        """The token limit that cut this reply short (0: it was not cut)."""
+        cut = self.status == "complete" and self.stop_reason == "max_tokens"
+        return self.token_limit if cut else 0
 
 
 def metrics_to_json(metrics: Metrics | None) -> str | None:
@@ -113,4 +123,6 @@ def message_from_row(row: tuple) -> StoredMessage:
         created_at=datetime.fromisoformat(row[5]),
         metrics=metrics_from_json(row[6]),
         error=row[7],
+        stop_reason=row[8] or None,
+        token_limit=row[9],
     )

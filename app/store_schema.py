@@ -19,6 +19,8 @@ from typing import TypeVar
 
 from npuchat.engine.errors import IntegrityError, NpuchatError
 
+from .store_records import ConversationSettings, metrics_from_json
+
 T = TypeVar("T")
 
 BUSY_TIMEOUT_S = 2.0
@@ -58,8 +60,42 @@ _V1_SCHEMA = """
 """
 
 
+def _add_stop_reason_v2(db: sqlite3.Connection) -> None:
+    """Why a reply ended, and the token limit it was given, kept with the reply: a reply cut
+    by its limit must still say so (and offer to continue) after a restart or a change of the
+    conversation's max_tokens. Replies written before this column get the answer version 1 of
+    the app inferred from them: a complete reply that used its conversation's whole budget."""
+    db.execute(
+        "ALTER TABLE messages ADD COLUMN stop_reason TEXT NOT NULL DEFAULT ''"
+        " CHECK (stop_reason IN ('', 'eos', 'stop_string', 'max_tokens', 'length'))"
+    )
+    db.execute("ALTER TABLE messages ADD COLUMN token_limit INTEGER NOT NULL DEFAULT 0")
+    rows = db.execute(
+        "SELECT m.id, m.metrics, c.settings FROM messages m"
+        " JOIN conversations c ON c.id = m.conversation_id"
+        " WHERE m.role = 'assistant' AND m.status = 'complete' AND m.metrics IS NOT NULL"
+    ).fetchall()
+    for message_id, metrics, settings in rows:
+        limit = _cut_by(metrics, settings)
+        if limit:
+            db.execute(
+                "UPDATE messages SET stop_reason = 'max_tokens', token_limit = ? WHERE id = ?",
+                (limit, message_id),
+            )
+
+
+def _cut_by(metrics: str, settings: str) -> int:
+    """The token limit a version-1 reply used up (0: it ended before it, or cannot tell)."""
+    try:
+        m = metrics_from_json(metrics)
+        limit = ConversationSettings.from_json(settings).max_tokens
+    except (ValueError, TypeError):
+        return 0  # a row this build cannot read is left as it is
+    return limit if m is not None and 0 < limit <= m.decode_tokens + 1 else 0
+
+
 # MIGRATIONS[i] upgrades schema version i to i + 1. Append, never edit a released step.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1,)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1, _add_stop_reason_v2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

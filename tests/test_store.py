@@ -12,7 +12,7 @@ import pytest
 
 from npuchat.app.store import ConversationStore
 from npuchat.app.store_records import ConversationSettings, default_title
-from npuchat.app.store_schema import SCHEMA_VERSION
+from npuchat.app.store_schema import MIGRATIONS, SCHEMA_VERSION, check_and_migrate
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.events import Metrics
 
@@ -99,6 +99,54 @@ def test_messages_are_committed_and_survive_reopen(db_path: Path) -> None:
     assert loaded.settings == settings
     other.close()
     store.close()
+
+
+def test_a_version_1_database_is_migrated_and_keeps_which_replies_were_cut(
+    db_path: Path,
+) -> None:
+    """A history written before stop reasons were stored: every row is kept, and a complete
+    reply that used its conversation's whole token budget is marked cut by that limit."""
+    db_path.parent.mkdir(parents=True)
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    check_and_migrate(raw, str(db_path), MIGRATIONS[:1])  # the schema as version 1 wrote it
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+    now = "2026-01-02T03:04:05+00:00"
+    for conv, settings in (("a", '{"max_tokens": 64}'), ("b", "{}")):
+        raw.execute(
+            "INSERT INTO conversations VALUES (?, ?, ?, ?, ?)", (conv, conv, now, now, settings)
+        )
+    rows = [  # (conversation, status, decode_tokens or None for no metrics)
+        ("a", "complete", 63),  # 64 tokens: a's limit
+        ("a", "complete", 10),
+        ("b", "complete", 1023),  # 1,024 tokens: the default limit
+        ("b", "stopped", 1023),
+        ("b", "complete", None),
+    ]
+    for conv, status, tokens in rows:
+        metrics = None if tokens is None else json.dumps({"decode_tokens": tokens, "ttft_s": 0.1})
+        raw.execute(
+            "INSERT INTO messages (conversation_id, role, content, status, metrics, error,"
+            " created_at) VALUES (?, 'assistant', ?, ?, ?, '', ?)",
+            (conv, f"reply {tokens}", status, metrics, now),
+        )
+    raw.close()
+
+    store = ConversationStore.open(db_path)
+    got = [m for conv in ("a", "b") for m in store.messages(conv)]
+    assert [(m.content, m.status) for m in got] == [
+        (f"reply {tokens}", status) for _, status, tokens in rows
+    ]
+    assert [m.cut_at for m in got] == [64, 0, 1024, 0, 0]
+    assert got[0].metrics is not None and got[0].metrics.ttft_s == 0.1
+    store.update_message(
+        got[1].id, content="more", status="complete", stop_reason="max_tokens", token_limit=9
+    )
+    store.close()
+    raw = sqlite3.connect(db_path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    raw.close()
+    with ConversationStore.open(db_path) as again:
+        assert [m.cut_at for m in again.messages("a")] == [64, 9]
 
 
 def test_title_comes_from_first_user_message_only() -> None:

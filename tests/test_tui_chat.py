@@ -4,10 +4,14 @@ blocks (the app around the chat is in `test_tui_conversations`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from scripted_engine import (
     ScriptedEngine,
     ScriptedReply,
+    StepClock,
     make_app,
     metric,
     reply_settled,
@@ -251,6 +255,50 @@ def test_a_reply_cut_by_the_token_limit_is_marked_and_continues(store: Conversat
         ("user", "What is 1234?"),
         ("assistant", "The answer is 1234."),
     ]
+
+
+def test_a_cut_reply_still_says_so_and_continues_after_a_restart(tmp_path: Path) -> None:
+    """The stop reason is stored with the reply: after a restart, and after the conversation's
+    max_tokens changed, the reply still names the limit that cut it and Ctrl+T continues it."""
+    db = tmp_path / "data" / "conversations.sqlite3"
+    first_engine = ScriptedEngine(
+        [ScriptedReply(["Counting: 1,", " 2,"], stop_reason="max_tokens")]
+    )
+
+    async def cut(pilot: Pilot[None], screen: ChatScreen) -> None:
+        await send(pilot, "Count to five")
+        await wait_until(pilot, reply_settled(screen, 1), "the cut reply")
+
+    with ConversationStore.open(db, clock=StepClock()) as store:
+        run(make_app(first_engine, store), cut)
+        (conv,) = store.list_conversations()
+        store.update_settings(conv.id, replace(conv.settings, max_tokens=4096))
+
+    engine = ScriptedEngine([ScriptedReply([" 3, 4, 5."])])
+
+    async def after_restart(pilot: Pilot[None], screen: ChatScreen) -> None:
+        await wait_until(pilot, lambda: bool(screen.query(AssistantMessage)), "the stored reply")
+        view = screen.query_one(AssistantMessage)
+        status = str(view.query_one(".status", Label).render())
+        assert "stopped at the 1,024-token limit · Ctrl+T continues" in status
+        assert screen.check_action("continue_reply", ())
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: len(engine.requests) == 1, "the continue request")
+        await wait_until(pilot, lambda: view.status == "complete" and view.limit == 0, "the end")
+        assert view.content == "Counting: 1, 2, 3, 4, 5."
+        assert "limit" not in str(view.query_one(".status", Label).render())
+
+    with ConversationStore.open(db, clock=StepClock()) as store:
+        run(make_app(engine, store), after_restart)
+        (again,) = engine.requests
+        assert again.continue_reply and again.sampling.max_tokens == 4096
+        assert again.messages[-1] == ChatMessage("assistant", "Counting: 1, 2,")
+        (reply,) = [m for m in store.messages(conv.id) if m.role == "assistant"]
+        assert (reply.content, reply.stop_reason, reply.cut_at) == (
+            "Counting: 1, 2, 3, 4, 5.",
+            "eos",
+            0,
+        )
 
 
 def test_a_long_prompt_shows_prefill_progress(store: ConversationStore) -> None:

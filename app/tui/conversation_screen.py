@@ -116,8 +116,7 @@ class ConversationScreen(ReplyScreen):
         self.replies.detach_all()
         active = self.replies.get(self.conversation_id)
         streaming = (active.message_id, active.content) if active is not None else None
-        max_tokens = self.current_settings.max_tokens
-        view = await self.query_one(MessageList).show_history(history, max_tokens, streaming)
+        view = await self.query_one(MessageList).show_history(history, streaming)
         if active is not None and view is not None:
             self.replies.attach(active.conversation_id, view)
 

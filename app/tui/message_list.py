@@ -183,13 +183,6 @@ def copy_code(widget: Widget, code: str, index: int, count: int) -> None:
     widget.app.notify(f"Copied code block{where} ({lines} lines)", timeout=2)
 
 
-def cut_by_limit(message: StoredMessage, max_tokens: int) -> bool:
-    """A stored reply that used its whole token budget was cut by it (the store keeps the
-    metrics, not the stop reason)."""
-    m = message.metrics
-    return message.status == "complete" and m is not None and m.decode_tokens + 1 >= max_tokens
-
-
 class NoticeView(Static):
     """An inline notice from the engine (e.g. turns dropped to fit the context)."""
 
@@ -206,7 +199,6 @@ class MessageList(VerticalScroll):
     async def show_history(
         self,
         history: Sequence[StoredMessage],
-        max_tokens: int,
         streaming: tuple[int, str] | None = None,
     ) -> AssistantMessage | None:
         """Show a conversation's stored messages. `streaming` is (message id, text so far) of
@@ -221,8 +213,9 @@ class MessageList(VerticalScroll):
                 live = AssistantMessage(m.id, streaming[1], "partial")
                 views.append(live)
             elif m.role == "assistant":
-                limit = max_tokens if cut_by_limit(m, max_tokens) else 0
-                views.append(AssistantMessage(m.id, m.content, m.status, m.metrics, m.error, limit))
+                views.append(
+                    AssistantMessage(m.id, m.content, m.status, m.metrics, m.error, m.cut_at)
+                )
         await self.mount_all(views)
         self.update_empty_hint()
         self.scroll_end(animate=False)

@@ -203,6 +203,8 @@ class ReplyController:
                 status=status,
                 metrics=reply.metrics,
                 error=reply.error,
+                stop_reason=reply.stop_reason,
+                token_limit=reply.request.sampling.max_tokens,
                 deadline_s=deadline_s,
             )
         except NpuchatError as exc:
