@@ -180,6 +180,14 @@ class OpenAIEngine:
                 call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
         if tools := template_tools(request.tools):
             body["tools"] = tools
+        if (
+            request.continue_reply
+            and request.messages[-1:]
+            and request.messages[-1].role == "assistant"
+        ):
+            # vLLM's spelling, which npuchat serve takes; llama-server continues a final
+            # assistant message by itself and ignores the two fields
+            body |= {"continue_final_message": True, "add_generation_prompt": False}
         return "/chat/completions", body
 
     def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:

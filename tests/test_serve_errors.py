@@ -19,6 +19,7 @@ from npuchat.engine.events import ChatRequest, Event, Failed, FailureKind
 MODEL = "scripted-1b"
 USER = [{"role": "user", "content": "Hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+REPLY = {"role": "assistant", "content": "Hel"}
 
 
 def _chat(**fields: Any) -> dict[str, Any]:
@@ -100,6 +101,39 @@ BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | 
         _chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "rm"}}),
         400,
         "tool_choice.function.name",
+    ),
+    (
+        "continue a user message",
+        "/v1/chat/completions",
+        _chat(continue_final_message=True, add_generation_prompt=False),
+        400,
+        "messages.0",
+    ),
+    (
+        "continue and a generation prompt",
+        "/v1/chat/completions",
+        _chat(messages=[*USER, REPLY], continue_final_message=True, add_generation_prompt=True),
+        400,
+        "add_generation_prompt",
+    ),
+    (
+        "no generation prompt without continuing",
+        "/v1/chat/completions",
+        _chat(messages=[*USER, REPLY], add_generation_prompt=False),
+        400,
+        "add_generation_prompt",
+    ),
+    (
+        "continue with a forced tool call",
+        "/v1/chat/completions",
+        _chat(
+            messages=[*USER, REPLY],
+            continue_final_message=True,
+            tools=[TOOL],
+            tool_choice="required",
+        ),
+        400,
+        "tool_choice",
     ),
     ("two prompts", "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
     ("no prompt", "/v1/completions", {"model": MODEL}, 400, "prompt"),

@@ -189,10 +189,16 @@ class _Sampling(_Model):
 
 
 class ChatCompletionIn(_Sampling):
+    """`continue_final_message` and `add_generation_prompt` are vLLM's extensions: with the
+    first true (and the second false or absent) the reply extends the final assistant message,
+    as llama-server does with a final assistant message."""
+
     messages: list[MessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = None
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
 
 
 class CompletionIn(_Sampling):
@@ -306,9 +312,44 @@ def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str]:
     return tools, ""
 
 
+def _continues(body: ChatCompletionIn, turns: tuple[ChatMessage, ...], forced: str) -> bool:
+    """Whether the reply extends the final assistant message (`continue_final_message`)."""
+    if not body.continue_final_message:
+        if body.add_generation_prompt is False:
+            raise ApiError(
+                400,
+                "add_generation_prompt: false is supported only with continue_final_message: true",
+                param="add_generation_prompt",
+            )
+        return False
+    if body.add_generation_prompt:
+        raise ApiError(
+            400,
+            "add_generation_prompt: give false (or leave it out) with continue_final_message:"
+            " the reply continues the final message instead of starting a new one",
+            param="add_generation_prompt",
+        )
+    last = turns[-1]
+    if last.role != "assistant" or last.tool_calls:
+        raise ApiError(
+            400,
+            "continue_final_message: the final message must be an assistant message with text"
+            " (no tool calls) to continue",
+            param=f"messages.{len(body.messages) - 1}",
+        )
+    if forced:
+        raise ApiError(
+            400,
+            "tool_choice: a forced tool call cannot continue a message; use auto or none",
+            param="tool_choice",
+        )
+    return True
+
+
 def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     system, turns = _messages(body)
     tools, forced = _tools(body)
+    continue_reply = _continues(body, turns, forced)
     given = (body.max_completion_tokens, body.max_tokens)
     max_tokens = next((n for n in given if n is not None), context_length)
     sampling = body.sampling(max_tokens, context_length)
@@ -321,6 +362,7 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
         sampling=sampling,
         priority=body.priority,
         tools=tools,
+        continue_reply=continue_reply,
         reply_prefix=forced,
     )
     names = frozenset(t.name for t in tools)
