@@ -82,6 +82,7 @@ def cmd_bench(ctx: AppContext, args: argparse.Namespace, console: Console) -> in
         threads=threads,
         cache_dir=work,
         progress=progress,
+        kv_dtype=args.bench_kv_dtype or ctx.settings.kv_dtype,
     )
     session = None
     try:

@@ -135,8 +135,10 @@ def _summary_table(report: BenchReport) -> Table:
         caps = ", ".join(
             f"{c}: {b / MIB:.0f}" for c, b in mem.kv_bytes_by_capacity.items() if int(c) >= 1024
         )
-        by_cap = f"MiB by capacity: {caps}" if caps else ""
+        by_cap = f"{mem.kv_dtype}; MiB by capacity: {caps}" if caps else mem.kv_dtype
         t.add_row("KV bytes per token", f"{mem.kv_bytes_per_token}", "", by_cap)
+        in_use = f"{mem.kv_bytes_in_use / MIB:.1f}"
+        t.add_row("KV in use (MiB)", in_use, "", "the cache's size after a 512-token prompt")
     return t
 
 

@@ -95,12 +95,10 @@ class BenchRun:
         threads: int | None,
         cache_dir: Path,
         progress: Progress | None = None,
+        kv_dtype: str = "f32",
     ) -> None:
-        self.config = config
-        self.gguf = gguf
-        self.name = name
-        self.device = device
-        self.threads = threads
+        self.config, self.gguf, self.name = config, gguf, name
+        self.device, self.threads, self.kv_dtype = device, threads, kv_dtype
         self.cache_dir = cache_dir
         self._progress = progress or (lambda what, done, total: None)
         self._done = 0
@@ -163,6 +161,7 @@ class BenchRun:
             str(cache_dir),
             systems or [],
             warmup_tokens,
+            self.kv_dtype,
         )
 
     # ------------------------------------------------------------------ sections

@@ -39,6 +39,7 @@ class ChildSpec:
     cache_dir: str
     systems: list[str] = field(default_factory=list)  # restart: one request per system prompt
     warmup_tokens: int = 0
+    kv_dtype: str = "f32"
 
 
 @dataclass
@@ -51,6 +52,7 @@ class StartAnswer:
     kv_bytes_by_capacity: dict[str, int]
     kv_bytes_in_use: int
     context_binary_bytes: int = 0  # device npu: the compiled folder's QNN context binaries
+    kv_dtype: str = "f32"
 
 
 @dataclass
@@ -107,6 +109,7 @@ def memory_figures(gguf: Path, cached: list[tuple[StartAnswer, float]]) -> Memor
         rss_budget_bytes=int(1.3 * weights + first.kv_bytes_in_use),
         tensor_bytes=gguf_tensor_bytes(gguf),
         context_binary_bytes=first.context_binary_bytes or None,
+        kv_dtype=first.kv_dtype,
     )
     peaks = [a.peak_rss_bytes for a, _ in cached if a.peak_rss_bytes]
     if peaks:
@@ -124,6 +127,7 @@ def _start(spec: ChildSpec) -> StartAnswer:
         device=spec.device,
         threads=spec.threads,
         verify_k=VERIFY_K,
+        kv_dtype=spec.kv_dtype,
     )
     load_s = time.perf_counter() - t
     ready_wall = time.time()
@@ -131,7 +135,7 @@ def _start(spec: ChildSpec) -> StartAnswer:
     binaries = sum(binary_bytes(model.graph_dir).values()) if spec.device == "npu" else 0
     exercise(model, min(512, model.max_capacity // 2))
     kv_in_use = model.kv_bytes  # the capacity variant the exercise moved to
-    per_token = kv_in_use // model.capacity
+    per_token = model.kv_bytes_per_token
     caps = [c for c in default_capacities(model.config.context_length) if c <= model.max_capacity]
     model.close()
     return StartAnswer(
@@ -143,6 +147,7 @@ def _start(spec: ChildSpec) -> StartAnswer:
         kv_bytes_by_capacity={str(c): per_token * c for c in caps},
         kv_bytes_in_use=kv_in_use,
         context_binary_bytes=binaries,
+        kv_dtype=model.kv_dtype,
     )
 
 
@@ -155,6 +160,7 @@ def _restart(spec: ChildSpec) -> RestartAnswer:
         device=spec.device,
         threads=spec.threads,
         verify_k=VERIFY_K,
+        kv_dtype=spec.kv_dtype,
     )
     try:
         warm = system_prompt(session, spec.warmup_tokens, f"restart-warm-up-{os.getpid()}")

@@ -117,6 +117,7 @@ class MemoryFigures:
     suite_peak_rss_bytes: int | None = None
     tensor_bytes: int | None = None  # every tensor's data in the GGUF
     context_binary_bytes: int | None = None  # device npu: every QNN context binary of the set
+    kv_dtype: str = "f32"  # how the cache stored K/V (`--kv-dtype`)
 
 
 @dataclass

@@ -107,6 +107,9 @@ class Metrics:
     - decode_tokens / decode_tps: tokens generated after the first one, over the time after it.
     - kv_used / kv_capacity: slots holding valid KV / slots in the current capacity variant;
       kv_max_capacity is the largest variant.
+    - kv_dtype / kv_bytes_per_token: how the cache stores K/V ("f32", "f16", "int8") and the
+      bytes one token's K/V take in every layer (int8: with its scales); kv_bytes: what the
+      cache holds now (every row at the current capacity). 0 / "": not reported.
     - drafted / accepted: speculative draft tokens proposed / accepted by the target.
     """
 
@@ -120,6 +123,9 @@ class Metrics:
     kv_used: int = 0
     kv_capacity: int = 0
     kv_max_capacity: int = 0
+    kv_dtype: str = ""
+    kv_bytes_per_token: int = 0
+    kv_bytes: int = 0
     drafted: int = 0
     accepted: int = 0
     mean_accepted_len: float = 0.0
@@ -132,6 +138,11 @@ class Metrics:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def kv_bytes_used(self) -> int:
+        """The K/V bytes of this reply's tokens (kv_used of them)."""
+        return self.kv_used * self.kv_bytes_per_token
 
 
 @dataclass(frozen=True)

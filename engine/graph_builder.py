@@ -32,8 +32,9 @@ output share a buffer). Why: a token's row is then computed identically whether 
 (decode) or with the drafts after it (verify), which exact speculative decoding needs (`model`
 module doc).
 
-The CPU cache may store K/V as float16 or int8 with a scale per (token, head) (`GraphSpec.kv_dtype`,
-`kv_layout`): the scatter then writes converted rows (and, for int8, `past_*_i_scale` inputs /
+The CPU cache may store K/V as float16 or int8 with a scale per (token, head), K smoothed per
+channel (`GraphSpec.kv_dtype`, `kv_layout`, `kv_smoothing`): the scatter then writes converted
+rows (and, for int8, `past_*_i_scale` inputs /
 `present_*_i_scale` outputs `[B, Hkv, C, 1]`, bound in place the same way) and attention reads
 the cache back as float32.
 
@@ -66,6 +67,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -74,6 +76,7 @@ from .gguf_reader import GGUFFile, ModelConfig
 from .graph_attention import attend_inplace, attend_split
 from .graph_ops import Graph, RowPad, linear
 from .graph_weights import WEIGHTS_FILE, Weights, llama_rope_permutation, write_weights
+from .kv_smoothing import K_SMOOTHING, graph_layout, k_smoothing
 from .layer_inputs import MASK_NEG, rope_tables
 
 __all__ = [
@@ -136,6 +139,8 @@ class GraphSpec:
         key = asdict(self)
         if key["kv_dtype"] == "f32":
             del key["kv_dtype"]
+        if self.kv_dtype == "int8":
+            key["k_smoothing"] = K_SMOOTHING
         return key
 
 
@@ -143,8 +148,14 @@ def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FL
     return helper.make_tensor_value_info(name, elem, list(dims))
 
 
-def make_graph(cfg: ModelConfig, weights: Weights, spec: GraphSpec) -> onnx.ModelProto:
-    """The decoder graph for one `spec`, referencing the already written weights."""
+def make_graph(
+    cfg: ModelConfig,
+    weights: Weights,
+    spec: GraphSpec,
+    k_smooth: Sequence[np.ndarray] = (),
+) -> onnx.ModelProto:
+    """The decoder graph for one `spec`, referencing the already written weights; an int8 cache
+    stores K smoothed by `k_smooth` (per layer, file order: `kv_smoothing`)."""
     gr = Graph(weights.tensors)
     d, dh = cfg.d_model, cfg.head_dim
     h, hkv, grp = cfg.n_heads, cfg.n_kv_heads, cfg.n_groups
@@ -274,7 +285,8 @@ def make_graph(cfg: ModelConfig, weights: Weights, spec: GraphSpec) -> onnx.Mode
             perm=[0, 2, 1, 3],
         )
         if split_cs is None:
-            att = attend_inplace(gr, i, q, rope(k, local), v, mask, (spec.kv_dtype, dh))
+            smooth = graph_layout(k_smooth[i], cfg) if spec.kv_dtype == "int8" else None
+            att = attend_inplace(gr, i, q, rope(k, local), v, mask, (spec.kv_dtype, dh), smooth)
         else:
             att = attend_split(gr, i, q, rope(k, local, f"new_k_{i}"), v, mask, split_cs)
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
@@ -324,9 +336,10 @@ def build_graphs(
     with GGUFFile(gguf_path) as g:
         weights = write_weights(g, out_dir, progress)
         cfg = g.config
+        smooth = k_smoothing(g) if any(s.kv_dtype == "int8" for s in specs.values()) else []
     paths = {}
     for name, spec in specs.items():
-        model = make_graph(cfg, weights, spec)
+        model = make_graph(cfg, weights, spec, smooth)
         path = out_dir / f"{name}.onnx"
         onnx.save_model(model, str(path))
         paths[name] = path

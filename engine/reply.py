@@ -61,6 +61,8 @@ def stream_reply(
         prefill_total=len(ids) - reused,
         reused_tokens=reused,
         kv_max_capacity=seq.max_capacity,
+        kv_dtype=seq.model.kv_dtype,
+        kv_bytes_per_token=seq.model.kv_bytes_per_token,
     )
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
@@ -80,6 +82,7 @@ def stream_reply(
             decode_tps=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             kv_used=seq.n_past,
             kv_capacity=seq.capacity,
+            kv_bytes=seq.model.kv_bytes,
         )
         if spec is None:
             return m

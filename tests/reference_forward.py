@@ -52,9 +52,10 @@ class ReferenceModel:
     keeps a 0.5B model's memory at one layer's worth. `rope_neox` overrides the per-arch RoPE
     pairing (tests use it as a negative control: the wrong pairing must visibly fail).
     `kv_dtype` rounds every K (after RoPE) and V row as a cache of that storage would: "f16"
-    to float16 and back; "int8" to `round(x / s)·s` with s = absmax/127 per (token, head), the
-    scheme written out here from its definition (llama.cpp's q8_0 is the same with blocks of
-    32 instead of a whole head).
+    to float16 and back; "int8" to `round(x / a)·a` with a = absmax/127 per (token, head)
+    (llama.cpp's q8_0 is the same with blocks of 32 instead of a whole head), K divided by
+    its per-channel smoothing first and multiplied back after (`k_smoothing`; off with
+    `smooth_k=False`), the scheme written out here from its definition.
     """
 
     def __init__(
@@ -65,10 +66,12 @@ class ReferenceModel:
         cache_weights: bool = True,
         rope_neox: bool | None = None,
         kv_dtype: str = "f32",
+        smooth_k: bool = True,
     ) -> None:
         if kv_dtype not in ("f32", "f16", "int8"):
             raise ValueError(f"unknown kv_dtype {kv_dtype!r}")
         self.kv_dtype = kv_dtype
+        self.smooth_k = smooth_k
         self.path = Path(path)
         self.dtype = np.dtype(dtype)
         self._gguf = GGUFFile(self.path)
@@ -201,8 +204,8 @@ class ReferenceModel:
             k = self._rms_norm(k, p + "attn_k_norm.weight")
         sliding = self.sliding[layer]
         q = self.rope(q, positions, sliding)
-        k = self._stored(self.rope(k, positions, sliding))
-        v = self._stored(v)
+        k = self._stored(self.rope(k, positions, sliding), layer, "k")
+        v = self._stored(v, layer, "v")
         group = c.n_heads // c.n_kv_heads
         k = np.repeat(k, group, axis=0)  # head h -> kv head h // group
         v = np.repeat(v, group, axis=0)
@@ -218,14 +221,36 @@ class ReferenceModel:
         out = (probs @ v).transpose(1, 0, 2).reshape(seq, q_dim)
         return self._linear(out, p + "attn_output")
 
-    def _stored(self, x: np.ndarray) -> np.ndarray:
-        """Rows [heads, seq, head_dim] as the KV cache gives them back (`kv_dtype`)."""
+    def _stored(self, x: np.ndarray, layer: int, kind: str) -> np.ndarray:
+        """Rows [heads, seq, head_dim] of cache `kind` of `layer` as the cache gives them back."""
         if self.kv_dtype == "f16":
             return x.astype(np.float16).astype(self.dtype)
         if self.kv_dtype == "int8":
-            scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True) / 127.0, 1e-30)
-            return np.clip(np.round(x / scale), -127, 127) * scale
+            s = self.k_smoothing(layer)[:, None, :] if kind == "k" and self.smooth_k else 1.0
+            scale = np.maximum(np.abs(x / s).max(axis=-1, keepdims=True) / 127.0, 1e-30)
+            return np.clip(np.round(x / s / scale), -127, 127) * scale * s
         return x
+
+    def k_smoothing(self, layer: int) -> np.ndarray:
+        """The int8 cache's K divisor per (KV head, channel) `[Hkv, head_dim]`: each channel's
+        typical size from the weights (`sqrt(bias² + |W_k row · attn_norm|²)`, or |k_norm|
+        for per-head-normed K), the larger of its rotary pair's two, over the head's median,
+        rounded down to a power of two, from 1 to 2^12."""
+        c, p = self.config, f"blk.{layer}."
+        hd, q_dim, kv_dim = c.head_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        if self.qk_norm:
+            size = np.abs(self.tensor(p + "attn_k_norm.weight"))[None, :].repeat(c.n_kv_heads, 0)
+        else:
+            name = p + ("attn_qkv" if c.fused_qkv else "attn_k")
+            rows = slice(q_dim, q_dim + kv_dim) if c.fused_qkv else slice(0, kv_dim)
+            w = self.tensor(name + ".weight")[rows] * self.tensor(p + "attn_norm.weight")
+            b = self.tensor(name + ".bias")[rows] if self.has(name + ".bias") else 0.0
+            size = np.sqrt((w * w).sum(axis=1) + b * b).reshape(c.n_kv_heads, hd)
+        i = np.arange(hd)
+        partner = (i + hd // 2) % hd if self.rope_neox else i ^ 1
+        size = np.maximum(size, size[:, partner])
+        exp = np.floor(np.log2(size / np.median(size, axis=1, keepdims=True)))
+        return 2.0 ** np.clip(exp, 0, 12)
 
     def _mlp(self, x: np.ndarray, layer: int) -> np.ndarray:
         p = f"blk.{layer}."

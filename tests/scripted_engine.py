@@ -91,6 +91,7 @@ class ScriptedEngine:
         draft_name: str = "scripted-draft",
         device: str = "cpu",
         kv_capacity: int = 1024,
+        kv_cache: tuple[str, int] = ("", 0),
         concurrent: bool = True,
         background: Callable[[ChatRequest], ScriptedReply] | None = None,
     ) -> None:
@@ -99,6 +100,7 @@ class ScriptedEngine:
         self._draft = draft_name
         self._device = device
         self._kv_capacity = kv_capacity
+        self._kv_dtype, self._kv_per_token = kv_cache  # ("int8", 6528): report KV bytes
         self._concurrent = concurrent
         self._lock = threading.Lock()
         self.background = background
@@ -150,6 +152,9 @@ class ScriptedEngine:
             kv_used=min(self._kv_capacity, prompt_tokens + step),
             kv_capacity=self._kv_capacity,
             kv_max_capacity=4 * self._kv_capacity,
+            kv_dtype=self._kv_dtype,
+            kv_bytes_per_token=self._kv_per_token,
+            kv_bytes=self._kv_per_token * self._kv_capacity,
             drafted=4 * decode_tokens,
             accepted=3 * decode_tokens,
             mean_accepted_len=3.0 if decode_tokens else 0.0,

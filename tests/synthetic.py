@@ -155,6 +155,7 @@ def write_synthetic_gguf(
     sliding_window: int | None = None,
     swa_pattern: int | None = None,
     rope_freq_factors: bool = False,
+    k_outliers: float = 1.0,
     extra: Callable[[GGUFWriter], None] | None = None,
 ) -> Path:
     """Write a tiny `arch` model to `path` and return the path.
@@ -168,7 +169,9 @@ def write_synthetic_gguf(
     Qwen3 and Gemma 3 heads default to twice d_model / n_heads (their real models' Q is wider
     than d_model); Gemma 3 slides every other layer over a window of 8 unless told otherwise.
     `sliding_window` on llama writes a Mistral-style window, `rope_freq_factors` a Llama 3
-    `rope_freqs.weight`. `extra(writer)` runs last, to add keys or tensors a test needs.
+    `rope_freqs.weight`. `k_outliers` multiplies K channels 1 and 5 of every head by that gain
+    (their K weight rows, bias and K norm), as real models' K has a few channels far above the
+    rest. `extra(writer)` runs last, to add keys or tensors a test needs.
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; use one of {ARCHS}")
@@ -214,15 +217,21 @@ def write_synthetic_gguf(
     if arch == "llama":  # SmolLM2's GGUF records it; the others leave it to token_embd's shape
         w.add_vocab_size(n_vocab)
 
-    def matrix(name: str, role: str, rows: int, cols: int, gain: float = 1.0) -> None:
+    k_gain = np.ones(head_dim, np.float32)
+    k_gain[[1, 5]] = k_outliers
+
+    def matrix(name: str, role: str, rows: int, cols: int, gain: float | np.ndarray = 1.0) -> None:
         """A [rows, cols] weight (numpy order = GGML [cols, rows]), std gain/sqrt(cols)."""
         qtype = ggml_type(_tensor_type_for(tensor_type, role))
+        gain = np.reshape(gain, (-1, 1)) if np.ndim(gain) else gain
         data = rng.standard_normal((rows, cols)).astype(np.float32) * (gain / np.sqrt(cols))
         enc = quantize_tensor(data, qtype)
         w.add_tensor(name, enc, raw_dtype=qtype if qtype.name not in ("F32", "F16") else None)
 
-    def vector(name: str, n: int, mean: float, std: float) -> None:
-        w.add_tensor(name, (mean + std * rng.standard_normal(n)).astype(np.float32))
+    def vector(name: str, n: int, mean: float, std: float, gain: float | np.ndarray = 1) -> None:
+        w.add_tensor(name, ((mean + std * rng.standard_normal(n)) * gain).astype(np.float32))
+
+    k_rows = np.tile(k_gain, n_kv_heads)
 
     # gain 3: tied or not, the LM head gives logits ~ N(0, 3²) for a normalized hidden state.
     matrix("token_embd.weight", "token_embd", n_vocab, d_model, gain=3.0)
@@ -232,17 +241,18 @@ def write_synthetic_gguf(
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", d_model, 1.0, 0.1)
         if arch == "phi3":
-            matrix(p + "attn_qkv.weight", "attn_qkv", d_model + 2 * kv_dim, d_model)
+            qkv_gain = np.concatenate([np.ones(d_model), k_rows, np.ones(kv_dim)])
+            matrix(p + "attn_qkv.weight", "attn_qkv", d_model + 2 * kv_dim, d_model, qkv_gain)
         else:
             matrix(p + "attn_q.weight", "attn_q", q_dim, d_model)
-            matrix(p + "attn_k.weight", "attn_k", kv_dim, d_model)
+            matrix(p + "attn_k.weight", "attn_k", kv_dim, d_model, k_rows)
             matrix(p + "attn_v.weight", "attn_v", kv_dim, d_model)
         if arch in ("qwen3", "gemma3"):
             vector(p + "attn_q_norm.weight", head_dim, 1.0, 0.1)
-            vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1)
+            vector(p + "attn_k_norm.weight", head_dim, 1.0, 0.1, k_gain)
         if arch == "qwen2":
             vector(p + "attn_q.bias", d_model, 0.0, 0.5)
-            vector(p + "attn_k.bias", kv_dim, 0.0, 0.5)
+            vector(p + "attn_k.bias", kv_dim, 0.0, 0.5, k_rows)
             vector(p + "attn_v.bias", kv_dim, 0.0, 0.5)
         matrix(p + "attn_output.weight", "attn_output", d_model, q_dim)
         if arch == "gemma3":

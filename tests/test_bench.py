@@ -158,6 +158,37 @@ def test_memory_figures_match_the_model(quick_run: dict[str, Any]) -> None:
     assert mem["suite_peak_rss_bytes"] > 0
     tensors = sum(int(t.n_bytes) for t in gguf_lib.GGUFReader(gguf).tensors)
     assert mem["tensor_bytes"] == tensors and mem["context_binary_bytes"] is None  # CPU run
+    assert mem["kv_dtype"] == "f32" and mem["kv_bytes_in_use"] % mem["kv_bytes_per_token"] == 0
+    in_use = next(line for line in quick_run["stdout"].splitlines() if "KV in use (MiB)" in line)
+    assert f"{mem['kv_bytes_in_use'] / 2**20:.1f}" in in_use
+
+
+def test_memory_figures_of_an_int8_cache(tmp_path: Path) -> None:
+    """`bench --kv-dtype int8`: the start processes load the int8 cache, so its figures are
+    int8's (a byte per value plus a float32 scale per token and head), shown in the table."""
+    from rich.console import Console
+
+    from npuchat.app.bench_render import render
+
+    gguf = write_synthetic_gguf(tmp_path / "syn.gguf", "llama", seed=5, context_length=2048)
+    suite = bench_suites.SUITES["quick"]
+    run = bench.BenchRun(
+        suite, gguf=gguf, name="syn", device="cpu", threads=1, cache_dir=tmp_path, kv_dtype="int8"
+    )
+    run.measure_start()
+    mem = run.report.memory
+    assert mem is not None
+    with GGUFFile(gguf) as g:
+        cfg = g.config
+    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * (cfg.head_dim + 4)
+    assert (mem.kv_dtype, mem.kv_bytes_per_token) == ("int8", per_token)
+    in_use = mem.kv_bytes_in_use  # the capacity a 512-token prompt moved the cache to
+    assert in_use in mem.kv_bytes_by_capacity.values() and in_use >= 512 * per_token
+    console = Console(width=200, record=True)
+    console.print(render(run.report))
+    rows = console.export_text().splitlines()
+    assert any("KV bytes per token" in r and f"{per_token}" in r and "int8" in r for r in rows)
+    assert any("KV in use (MiB)" in r and f"{in_use / 2**20:.1f}" in r for r in rows)
 
 
 def test_npu_binaries_row_against_tensor_bytes(quick_run: dict[str, Any]) -> None:

@@ -65,6 +65,7 @@ def test_send_streams_reply_and_updates_metrics(
         assert metric(screen, "decode") == "3 tok · 20.0 tok/s"
         assert metric(screen, "accept") == "75% (k=4)"
         assert "1,024" in metric(screen, "kv")
+        assert not screen.query_one("#kv-memory").display  # this engine reports no KV bytes
         assert len(screen.query_one("#rate-spark", Sparkline).data or []) >= 2
 
     run(make_app(engine, store), scenario)
@@ -355,5 +356,26 @@ def test_emoji_keep_the_right_border_and_the_copy_keeps_them(store: Conversation
         view.focus()
         await pilot.press("y")
         assert pilot.app.clipboard == text
+
+    run(make_app(engine, store), scenario)
+
+
+def test_metrics_panel_shows_the_kv_bytes_in_use_and_per_token(store: ConversationStore) -> None:
+    """An engine that reports its cache's bytes gets two more panel rows; one that does not
+    (a remote server) keeps them hidden."""
+    kv = {"kv_capacity": 4096, "kv_cache": ("int8", 6528)}  # qwen2.5-coder-0.5b's int8 figures
+    engine = ScriptedEngine([ScriptedReply(["a" * 400])], **kv)  # type: ignore[arg-type]
+
+    async def scenario(pilot: Pilot[None], screen: ChatScreen) -> None:
+        memory = screen.query_one("#kv-memory")
+        assert not memory.display
+        await send(pilot, "x" * 4000)  # ~1,000 prompt tokens
+        await wait_until(pilot, reply_settled(screen, 1), "the reply")
+        assert memory.display
+        (conv,) = store.list_conversations()
+        last = store.messages(conv.id)[-1].metrics
+        assert last is not None and last.kv_used > 1000
+        assert metric(screen, "kv-mem") == f"{last.kv_used * 6528 / 2**20:.1f} of 25.5 MiB"
+        assert metric(screen, "kv-token") == "6.4 KiB int8"
 
     run(make_app(engine, store), scenario)

@@ -63,6 +63,21 @@ def kv_text(m: Metrics) -> str:
     return text
 
 
+def kv_memory_text(m: Metrics) -> str:
+    """ "3.2 of 26.0 MiB": this reply's K/V bytes, of what the cache holds now."""
+    if m.kv_bytes_per_token <= 0:
+        return "–"
+    mib = 1024 * 1024
+    return f"{m.kv_bytes_used / mib:,.1f} of {m.kv_bytes / mib:,.1f} MiB"
+
+
+def kv_token_text(m: Metrics) -> str:
+    """ "6.4 KiB int8": one token's K/V in every layer, and how the cache stores them."""
+    if m.kv_bytes_per_token <= 0:
+        return "–"
+    return f"{m.kv_bytes_per_token / 1024:,.1f} KiB {m.kv_dtype}".rstrip()
+
+
 def when(moment: datetime, now: datetime) -> str:
     """Short timestamp for the sidebar: the time today, else the date."""
     local, today = moment.astimezone(now.tzinfo), now

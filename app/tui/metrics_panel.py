@@ -16,7 +16,9 @@ from textual.widgets import Label, ProgressBar, Sparkline
 from npuchat.app.tui.formatting import (
     acceptance,
     count,
+    kv_memory_text,
     kv_text,
+    kv_token_text,
     prefilling,
     rate,
     seconds,
@@ -55,6 +57,13 @@ class MetricsPanel(VerticalScroll):
         with Grid(classes="figures"):
             yield Label("KV", classes="metric-label")
             yield Label("–", id="m-kv", classes="metric-value", markup=False)
+        memory = Grid(classes="figures", id="kv-memory")
+        memory.display = False  # until a reply's metrics report the cache's bytes
+        with memory:
+            yield Label("KV mem", classes="metric-label")
+            yield Label("–", id="m-kv-mem", classes="metric-value", markup=False)
+            yield Label("per tok", classes="metric-label")
+            yield Label("–", id="m-kv-token", classes="metric-value", markup=False)
         yield ProgressBar(id="kv-bar", show_eta=False, show_percentage=True, total=1)
         with Grid(classes="figures"):
             yield Label("accept", classes="metric-label")
@@ -76,6 +85,7 @@ class MetricsPanel(VerticalScroll):
                 self._set(row_id, "–")
             self.query_one("#rate-spark", Sparkline).data = []
             self.query_one("#kv-bar", ProgressBar).update(total=1, progress=0)
+            self.query_one("#kv-memory").display = False
             self.set_class(False, "-kv-full")
             return
         model, draft, device = self._engine
@@ -90,6 +100,9 @@ class MetricsPanel(VerticalScroll):
         self._set("reused", f"{count(metrics.reused_tokens)} tok")
         self._set("decode", f"{count(metrics.decode_tokens)} tok · {rate(metrics.decode_tps)}")
         self._set("kv", kv_text(metrics))
+        self.query_one("#kv-memory").display = metrics.kv_bytes_per_token > 0
+        self._set("kv-mem", kv_memory_text(metrics))
+        self._set("kv-token", kv_token_text(metrics))
         self._set("accept", acceptance(metrics))
         self.query_one("#rate-spark", Sparkline).data = list(rates)
         bar = self.query_one("#kv-bar", ProgressBar)
