@@ -1,7 +1,7 @@
 """KV cache dtypes on a real model: bytes per token, quality against f32, decode speed.
 
     python benchmarks/kv_quality.py MODEL [--dtypes f32,f16,int8] [--prompts 20] [--tokens 256]
-        [--ppl-tokens 4096] [--contexts 128,2048,8000] [--threads 2]
+        [--ppl-tokens 4096] [--contexts 128,2048,8192] [--threads 2] [--llama-dir DIR]
 
 MODEL is a GGUF file. One model per dtype is loaded side by side (so memory is ~3 models' worth)
 and all of them are stepped in lockstep:
@@ -18,6 +18,10 @@ and all of them are stepped in lockstep:
 * decode tok/s at each context of `--contexts`, the dtypes alternating round by round so that a
   noisy machine slows all of them alike; ratios against f32 from the same run.
 
+With `--llama-dir` (the build of `benchmarks/build_llama_bench.sh`), the same agreement, KL and
+perplexity figures for llama.cpp's q8_0 K/V cache (`-ctk q8_0 -ctv q8_0`) against its f16 one,
+both with flash attention, fed the same token ids: the reference for "acceptable".
+
 A script that prints figures, not a test: nothing here asserts.
 """
 
@@ -29,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +60,7 @@ PROMPTS = [
     "Explain what a closure is, with a short example.",
 ]
 VERIFY_ROWS = 32
+NEAR_TIE = 0.5  # f32 top-2 logit margin below which a divergence counts as a near tie
 DECODE_STEPS = 16
 
 
@@ -67,16 +73,40 @@ def _kl(p_log: np.ndarray, q_log: np.ndarray) -> float:
     return float((np.exp(p_log) * (p_log - q_log)).sum(axis=-1).mean())
 
 
+class LlamaSide:
+    """A llama.cpp context stepped like a `Model` (rollback to 0, prefill, decode, verify)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner, self.pos = runner, 0
+
+    def rollback(self, n: int) -> None:
+        assert n == 0, "llama.cpp contexts here only restart"
+        self.runner.reset()
+        self.pos = 0
+
+    def verify(self, ids: list[int]) -> np.ndarray:
+        rows = self.runner.logits(ids, start=self.pos)
+        self.pos += len(ids)
+        return rows
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        return self.verify(ids)[-1]
+
+    def decode(self, token: int) -> np.ndarray:
+        return self.verify([token])[0]
+
+
 def agreement(models: dict, prompts: list[list[int]], tokens: int) -> dict[str, dict]:
-    """Greedy agreement and mean KL of every dtype against f32 (module doc)."""
-    out = {d: {"first": [], "ties": [], "top1": [], "kl": []} for d in models if d != "f32"}
+    """Greedy agreement and mean KL of every dtype against the first one (module doc)."""
+    ref_name = next(iter(models))
+    out = {d: {"first": [], "ties": [], "top1": [], "kl": []} for d in models if d != ref_name}
     for ids in prompts:
         for m in models.values():
             m.rollback(0)
         logits = {d: m.prefill(ids) for d, m in models.items()}
         first: dict[str, int | None] = dict.fromkeys(out)
         for step in range(tokens):
-            ref = logits["f32"]
+            ref = logits[ref_name]
             top = int(np.argmax(ref))
             ref_log = _log_softmax(ref)
             for d in out:
@@ -125,6 +155,62 @@ def decode_speed(models: dict, context: int, rounds: int) -> dict[str, float]:
     return {d: statistics.median(v) for d, v in times.items()}
 
 
+def quality(models: dict, prompts: list[list[int]], text_ids: list[int], tokens: int) -> None:
+    """Print agreement, KL and perplexity of every model against the first one."""
+    ref = next(iter(models))
+    agree = agreement(models, prompts, tokens)
+    ppl = perplexity(models, text_ids)
+    print(f"\nquality against {ref}")
+    print(
+        f"  {'dtype':5} {'same greedy':>11} {'first div. (median, min)':>25} "
+        f"{'top1':>6} {'mean KL':>9} {'ppl':>8} {'Δppl':>7}"
+    )
+    print(f"  {ref:5} {'':>11} {'':>25} {'':>6} {'':>9} {ppl[ref]:8.3f}")
+    for d, a in agree.items():
+        firsts = [f for f in a["first"] if f is not None]
+        same = sum(f is None for f in a["first"])
+        div = f"{statistics.median(firsts):.0f}, {min(firsts)}" if firsts else "-"
+        delta = 100 * (ppl[d] / ppl[ref] - 1)
+        print(
+            f"  {d:5} {same:>5}/{len(prompts):<5} {div:>25} {np.mean(a['top1']):6.3f} "
+            f"{np.mean(a['kl']):9.2e} {ppl[d]:8.3f} {delta:+6.2f}%"
+        )
+        if a["ties"]:
+            near = sum(m < NEAR_TIE for m in a["ties"])
+            margins = ", ".join(f"{m:.2f}" for m in a["ties"])
+            print(f"        {ref} top-2 logit margin at each divergence: {margins}")
+            print(f"        near ties (margin < {NEAR_TIE}): {near} of {len(a['ties'])}")
+
+
+def llama_cpp(
+    path: Path,
+    llama_dir: Path,
+    prompts: list[list[int]],
+    text_ids: list[int],
+    tokens: int,
+    threads: int,
+    n_ctx: int,
+) -> None:
+    """The same figures for llama.cpp's q8_0 K/V against its f16 K/V (module doc)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from llama_cpp_reference import Runner, bindings
+
+    from npuchat.engine.gguf_reader import GGUFFile
+
+    lib = bindings(llama_dir.expanduser())
+    lib.llama_backend_init()
+    types = {"f16": lib.GGML_TYPE_F16, "q8_0": lib.GGML_TYPE_Q8_0}
+    runners = {d: Runner(lib, path, n_ctx, t, threads, n_batch=512) for d, t in types.items()}
+    with GGUFFile(path) as g:
+        cfg = g.config
+    values = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
+    print(f"\nllama.cpp (flash attention), KV bytes per token: f16 {2 * values:,d}, q8_0 ", end="")
+    print(f"{values * 34 // 32:,d} (34 bytes per block of 32 values)")
+    quality({d: LlamaSide(r) for d, r in runners.items()}, prompts, text_ids, tokens)
+    for r in runners.values():
+        r.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("model", type=Path, help="a GGUF file")
@@ -133,10 +219,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--ppl-tokens", type=int, default=4096)
     ap.add_argument("--text", type=Path, default=Path(argparse.__file__))
-    ap.add_argument("--contexts", default="128,2048,8000")
+    ap.add_argument("--contexts", default="128,2048,8192")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--llama-dir", type=Path, default=None, help="llama.cpp build (module doc)")
     args = ap.parse_args()
 
     from npuchat.engine.chat_template import ChatTemplate
@@ -177,26 +264,9 @@ def main() -> None:
     for d, m in models.items():
         print(f"  {d:5} {m.kv_bytes_per_token:8,d}  {m.kv_bytes_per_token / base:5.3f}x f32")
 
-    agree = agreement(models, prompts, args.tokens)
-    ppl = perplexity(models, text_ids)
-    print("\nquality against f32")
-    print(
-        f"  {'dtype':5} {'same greedy':>11} {'first div. (median, min)':>25} "
-        f"{'top1':>6} {'mean KL':>9} {'ppl':>8} {'Δppl':>7}"
-    )
-    print(f"  {'f32':5} {'':>11} {'':>25} {'':>6} {'':>9} {ppl['f32']:8.3f}")
-    for d, a in agree.items():
-        firsts = [f for f in a["first"] if f is not None]
-        same = sum(f is None for f in a["first"])
-        div = f"{statistics.median(firsts):.0f}, {min(firsts)}" if firsts else "-"
-        delta = 100 * (ppl[d] / ppl["f32"] - 1)
-        print(
-            f"  {d:5} {same:>5}/{len(prompts):<5} {div:>25} {np.mean(a['top1']):6.3f} "
-            f"{np.mean(a['kl']):9.2e} {ppl[d]:8.3f} {delta:+6.2f}%"
-        )
-        if a["ties"]:
-            margins = ", ".join(f"{m:.2f}" for m in a["ties"])
-            print(f"        f32 top-2 logit margin at each divergence: {margins}")
+    quality(models, prompts, text_ids, args.tokens)
+    if args.llama_dir is not None:
+        llama_cpp(path, args.llama_dir, prompts, text_ids, args.tokens, args.threads, need)
 
     print(f"\ndecode tok/s (median of {args.rounds} rounds of {DECODE_STEPS} steps, alternating)")
     for c in contexts:

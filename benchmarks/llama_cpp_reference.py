@@ -42,7 +42,7 @@ TOP = 8  # log-probs kept per position
 GREEDY_STEPS = 12
 
 
-def _bindings(llama_dir: Path) -> Any:
+def bindings(llama_dir: Path) -> Any:
     """The sdist's low-level ctypes module, without its package's high-level imports."""
     os.environ["LLAMA_CPP_LIB_PATH"] = str(llama_dir / "build" / "bin")
     pkg = types.ModuleType("llama_cpp")
@@ -51,16 +51,32 @@ def _bindings(llama_dir: Path) -> Any:
     return importlib.import_module("llama_cpp.llama_cpp")
 
 
-class _Runner:
-    def __init__(self, lib: Any, path: Path, n_ctx: int) -> None:
+class Runner:
+    """One llama.cpp context over a GGUF file; `kv_type` (a GGML type) sets the K and V cache
+    types with flash attention on (llama.cpp quantizes V only under flash attention); `n_batch`
+    bounds the rows of one `logits` call (default: the whole context)."""
+
+    def __init__(
+        self,
+        lib: Any,
+        path: Path,
+        n_ctx: int,
+        kv_type: int | None = None,
+        threads: int = 2,
+        n_batch: int | None = None,
+    ) -> None:
         self.lib = lib
         mp = lib.llama_model_default_params()
         self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
             raise SystemExit(f"llama.cpp could not load {path}")
         cp = lib.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
-        cp.n_threads = cp.n_threads_batch = 2
+        cp.n_ctx = n_ctx
+        cp.n_batch = cp.n_ubatch = n_batch or n_ctx
+        cp.n_threads = cp.n_threads_batch = threads
+        if kv_type is not None:
+            cp.type_k = cp.type_v = kv_type
+            cp.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.ctx = lib.llama_init_from_model(self.model, cp)
         vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = lib.llama_vocab_n_tokens(vocab)
@@ -107,7 +123,7 @@ def main() -> int:
     default = Path.home() / ".cache" / "npuchat-bench" / "llama.cpp-0.3.36"
     ap.add_argument("--llama-dir", type=Path, default=default)
     args = ap.parse_args()
-    lib = _bindings(args.llama_dir)
+    lib = bindings(args.llama_dir)
     lib.llama_backend_init()
     out: dict[str, Any] = {
         "source": f"llama.cpp from llama-cpp-python 0.3.36 ({args.llama_dir.name}), "
@@ -121,7 +137,7 @@ def main() -> int:
                 Path(tmp) / f"{name}.gguf", arch, tensor_type=tensor_type, **kw
             )
             sha = hashlib.sha256(path.read_bytes()).hexdigest()
-            runner = _Runner(lib, path, 128)
+            runner = Runner(lib, path, 128)
             seq = case_tokens(runner.n_vocab)
             lp = _log_softmax(runner.logits(seq))
             top = np.argsort(-lp, axis=-1)[:, :TOP]
