@@ -54,12 +54,14 @@ class CpuSteps:
         logit_rows: int,
         pad: int,
         local: tuple[np.ndarray, np.ndarray],
+        run_options: ort.RunOptions | None = None,
     ) -> np.ndarray:
         """One run: `embeddings` `[B, S, D]`, `cos`/`sin` `[B, S, dh/2]`, `positions` `[B, S]`
         (the slots the new rows go to, in cache rows `first_row..+B`); logits of the last
         `logit_rows` rows of each sequence, `[B·logit_rows, vocab]`. `pad`: rows run twice by
         the matmuls whose one-row kernel differs (`graph_ops.RowPad`). `local`: the sliding
-        layers' (cos, sin), shaped as `cos`, used by models with their own."""
+        layers' (cos, sin), shaped as `cos`, used by models with their own. `run_options`: a
+        run that can be ended early (`run_abort`)."""
         b, s = embeddings.shape[:2]
         buf = self._bind(b, s, b * logit_rows, pad, first_row)
         buf.embeddings[:] = embeddings
@@ -76,7 +78,7 @@ class CpuSteps:
                 apply_window(out[rows], positions[j], cols, cfg.sliding_window, buf.mask[rows])
         if cfg.local_rope:
             buf.cos_swa[:], buf.sin_swa[:] = local
-        self.session.run_with_iobinding(self.io)  # writes the new K/V rows into the cache
+        self.session.run_with_iobinding(self.io, run_options)  # K/V rows into the cache
         return buf.logits.copy()
 
     def _bind(self, b: int, s: int, r: int, p: int, first_row: int) -> _StepBuffers:

@@ -265,8 +265,11 @@ class Model:
 
     # ------------------------------------------------------------------ generation
 
-    def prefill(self, ids: Sequence[int], row: int = 0) -> np.ndarray:
-        """Append `ids` at the row's fill level in chunks of `prefill_chunk`; last logits."""
+    def prefill(
+        self, ids: Sequence[int], row: int = 0, run_options: ort.RunOptions | None = None
+    ) -> np.ndarray:
+        """Append `ids` at the row's fill level in chunks of `prefill_chunk`; last logits
+        (`run_options` can end a CPU run early, `run_abort`: the row keeps its length)."""
         ids = self._check_ids(ids)
         if not ids:
             raise NpuchatError("prefill needs at least one token")
@@ -274,7 +277,7 @@ class Model:
         logits = None
         for start in range(0, len(ids), self.prefill_chunk):
             chunk = ids[start : start + self.prefill_chunk]
-            logits = self._step(chunk, all_rows=False, row=row)
+            logits = self._step(chunk, all_rows=False, row=row, run=run_options)
         assert logits is not None
         return logits[0]
 
@@ -370,7 +373,9 @@ class Model:
             )
         return out
 
-    def _step(self, ids: list[int], all_rows: bool, row: int = 0) -> np.ndarray:
+    def _step(
+        self, ids: list[int], all_rows: bool, row: int = 0, run: ort.RunOptions | None = None
+    ) -> np.ndarray:
         """Run the graph on `ids` at the row's slot n; write their K/V back; return logits."""
         s = len(ids)
         kv = self._kv
@@ -394,6 +399,7 @@ class Model:
             s if all_rows else 1,
             pad,
             (self._cos_swa[pos][None], self._sin_swa[pos][None]),
+            run,
         )
         kv.lengths[row] = n + s
         return logits

@@ -33,7 +33,8 @@ Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
   of its own could never keep that bound. On the NPU they alternate, the chunk sized to cost
   about one decode step (`chunk_tokens`); with nothing decoding, chunks are the model's full
   prefill chunk;
-* cancel: a prefill checks its request's cancel event between chunks;
+* cancel: a prefill checks its request's cancel event between chunks, and a chunk run alone
+  is ended by it while it runs (`run_abort`);
 * a parked sequence (`Sequence.park`: its row given to an interactive request) has its steps
   held until it resumes; cancelling it answers them at once.
 
@@ -57,6 +58,7 @@ import numpy as np
 from .drafters import ema
 from .errors import NpuchatError, RequestCancelled
 from .model import Model
+from .run_abort import abortable
 from .sequence import Sequence, SlotTable
 
 log = logging.getLogger(__name__)
@@ -370,7 +372,8 @@ class StepScheduler:
     def _run_prefill(self, step: _Step, n: int) -> None:
         chunk = step.ids[step.offset : step.offset + n]
         t0 = self.clock()
-        logits = self.model.prefill(chunk, row=step.seq.row)
+        with abortable(step.cancel) as run_options:  # a chunk of this sequence alone
+            logits = self.model.prefill(chunk, row=step.seq.row, run_options=run_options)
         if len(chunk) >= 2:
             self._t_token = ema(self._t_token, (self.clock() - t0) / len(chunk), 0.3)
         step.offset += n
