@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from npuchat.engine.events import (
+    Cancelled,
     ChatMessage,
     ChatRequest,
     Event,
@@ -106,3 +107,24 @@ def test_a_reply_cut_by_max_tokens_ends_at_a_character_boundary(session: ChatSes
         cut_inside += whole != data
         assert text == whole.decode("utf-8", errors="replace"), n
     assert cut_inside  # some limit fell inside a character, so the cut was exercised
+
+
+def test_a_stopped_reply_ends_at_a_character_boundary(session: ChatSession) -> None:
+    """Esc mid-character: the bytes of the half-sampled character are dropped, never shown
+    (or stored) as U+FFFD."""
+    stopped_inside = 0
+    for n in range(1, 12):
+        cancel, events = threading.Event(), list[Event]()
+        for event in session.generate(_request([("user", "hello world the fox")], 16), cancel):
+            events.append(event)
+            if sum(len(e.ids) for e in events if isinstance(e, TokenDelta)) >= n:
+                cancel.set()  # Esc after the n-th token
+        assert isinstance(events[-1], Cancelled), n
+        ids = [i for e in events if isinstance(e, TokenDelta) for i in e.ids]
+        assert len(ids) == n
+        text = "".join(e.text for e in events if isinstance(e, TokenDelta))
+        data = b"".join(session.tokenizer.piece_bytes(i) for i in ids)
+        whole = _complete_prefix(data)
+        stopped_inside += whole != data
+        assert text == whole.decode("utf-8", errors="replace"), n
+    assert stopped_inside  # some stop fell inside a character, so the cut was exercised

@@ -262,7 +262,7 @@ def test_theme_choice_is_saved_and_user_themes_load(
 ) -> None:
     config = tmp_path / "config" / "config.toml"
     (config.parent / "themes").mkdir(parents=True)
-    config.write_text('model = "on-disk-model"\n')
+    config.write_text('# my settings\nmodel = "on-disk-model"  # the one I use\n')
     (config.parent / "themes" / "mine.toml").write_text('name = "mine"\nprimary = "#ff0000"\n')
     (config.parent / "themes" / "broken.toml").write_text('name = "broken"\n')
     settings = Settings(model="cli-override", cursor_blink=False)
@@ -289,6 +289,10 @@ def test_theme_choice_is_saved_and_user_themes_load(
     assert saved.theme == "npuchat-light"
     assert saved.show_metrics is False
     assert saved.model == "on-disk-model"  # the CLI override was not written back
+    # only the changed keys were written; the user's comments and lines stay as they were
+    assert config.read_text().startswith(
+        '# my settings\nmodel = "on-disk-model"  # the one I use\n'
+    )
 
 
 def test_command_palette_runs_chat_actions(store: ConversationStore) -> None:
