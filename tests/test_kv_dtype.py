@@ -144,8 +144,9 @@ def test_verify_rows_equal_decode_bit_for_bit(
     synthetic_gguf, tmp_path: Path, kv_dtype: str
 ) -> None:
     """What exact speculative decoding rests on holds for converted caches too: each row is
-    rounded alone, so k+1 rows verified at once give the logits of k+1 decode steps."""
-    path = synthetic_gguf("qwen2", "q4_k")
+    rounded alone, so k+1 rows verified at once give the logits of k+1 decode steps (int8:
+    with K smoothed, on a model whose K has outlier channels)."""
+    path = synthetic_gguf("qwen2", "q4_k", k_outliers=16.0 if kv_dtype == "int8" else 1.0)
     ids = [int(t) for t in np.random.default_rng(9).integers(0, 100, 17)]
     with _load(path, tmp_path, kv_dtype) as model:
         model.prefill(ids[:12])
@@ -153,6 +154,30 @@ def test_verify_rows_equal_decode_bit_for_bit(
         model.rollback(12)
         verified = model.verify(ids[12:])
     assert np.array_equal(decoded, verified)
+
+
+def test_int8_batched_decode_equals_decoding_alone(synthetic_gguf, tmp_path: Path) -> None:
+    """Two sequences decoded together in an int8 cache with K smoothed give, bit for bit, the
+    logits each gives alone (each row is quantized on its own when written)."""
+    path = synthetic_gguf("qwen2", "q4_k", k_outliers=16.0)
+    rng = np.random.default_rng(4)
+    prompts = [[int(t) for t in rng.integers(0, 100, n)] for n in (7, 13)]
+    alone = []
+    with _load(path, tmp_path, "int8") as model:
+        for p in prompts:
+            model.rollback(0)
+            rows = [model.prefill(p)]
+            for _ in range(6):
+                rows.append(model.decode(int(np.argmax(rows[-1]))))
+            alone.append(rows)
+    with _load(path, tmp_path, "int8", batch_max=2) as model:
+        together = [[model.prefill(p, row=r)] for r, p in enumerate(prompts)]
+        for _ in range(6):
+            out = model.decode_batch([int(np.argmax(r[-1])) for r in together], first_row=0)
+            for rows, logits in zip(together, out, strict=True):
+                rows.append(logits)
+    for want, got in zip(alone, together, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
