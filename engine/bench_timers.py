@@ -93,6 +93,16 @@ def time_prefill(model: Model, ids: Sequence[int], repeats: int) -> list[float]:
     return samples
 
 
+def _back_to(model: Model, context: int, ids: Sequence[int], row: int = 0) -> None:
+    """Roll the row back to its `context` prefilled tokens, or prefill them again where a
+    sliding-window layer's ring no longer holds them (`kv_ring`)."""
+    if model.usable(context, row) == context:
+        model.rollback(context, row=row)
+    else:
+        model.rollback(0, row=row)
+        model.prefill(ids, row=row)
+
+
 def time_decode(model: Model, context: int, steps: int, repeats: int) -> list[float]:
     """Decode tok/s of `steps` greedy steps starting at `context` cached tokens."""
     vocab = model.config.vocab_size
@@ -101,7 +111,7 @@ def time_decode(model: Model, context: int, steps: int, repeats: int) -> list[fl
     first = token_ids(vocab, 1, seed=3)[0]
     samples = []
     for i in range(repeats + 1):
-        model.rollback(context)
+        _back_to(model, context, token_ids(vocab, context, seed=2))
         token = first
         t = time.perf_counter()
         for _ in range(steps):
@@ -125,7 +135,7 @@ def time_batched_decode(
     samples = []
     for i in range(repeats + 1):
         for row in range(streams):
-            model.rollback(context, row=row)
+            _back_to(model, context, token_ids(vocab, context, seed=10 + row), row)
         tokens = list(firsts)
         t = time.perf_counter()
         for _ in range(steps):

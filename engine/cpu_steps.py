@@ -67,17 +67,24 @@ class CpuSteps:
         buf.embeddings[:] = embeddings
         buf.cos[:] = cos
         buf.sin[:] = sin
-        buf.slots[..., 2] = positions[:, None, :]
-        self.kv.fill_causal_mask(buf.mask, positions)
-        cfg = self.cfg
-        if cfg.swa_layers:  # sliding layers: every layer (mask) or some (mask_swa)
+        cfg, kv = self.cfg, self.kv
+        ring = kv.ring
+        if ring is not None:  # sliding layers keep rings: their own slots and mask (`kv_ring`)
+            buf.slots_swa[..., 2] = ring.slots(positions)[:, None, :]
+            ring.fill_inplace_mask(buf.mask_swa, positions)
+        if ring is None or cfg.mixed_windows:
+            buf.slots[..., 2] = positions[:, None, :]
+            kv.fill_causal_mask(buf.mask, positions)
+        if cfg.swa_layers and ring is None:  # windows through the mask over the full cache
             out = buf.mask_swa if cfg.mixed_windows else buf.mask
-            cols = np.arange(self.kv.capacity)
+            cols = np.arange(kv.capacity)
             for j in range(b):
                 rows = slice(j, j + 1)
                 apply_window(out[rows], positions[j], cols, cfg.sliding_window, buf.mask[rows])
         if cfg.local_rope:
             buf.cos_swa[:], buf.sin_swa[:] = local
+        for j in range(b):  # before the run: one that is stopped may have written some
+            kv.note_written(first_row + j, int(positions[j].max()) + 1)
         self.session.run_with_iobinding(self.io, run_options)  # K/V rows into the cache
         return buf.logits.copy()
 
@@ -99,7 +106,7 @@ class CpuSteps:
         key = (b, s, r, p)
         buf = self._steps.pop(key, None)
         if buf is None or buf.capacity != kv.capacity:
-            buf = _StepBuffers(self.cfg, b, s, r, p, kv.capacity)
+            buf = _StepBuffers(self.cfg, b, s, r, p, kv)
         self._steps[key] = buf  # most recent last
         while len(self._steps) > _KEPT_SHAPES:
             del self._steps[next(iter(self._steps))]
@@ -117,14 +124,18 @@ class _StepBuffers:
     logit rows (the last R/B of each sequence), capacity C.
 
     The CPU graph scatters the new K/V rows into the cache itself (`kv_slots`, in place), so the
-    only output here is the logits; the mask covers the C cache columns.
+    only output here is the logits; the mask covers the C cache columns. Sliding layers with
+    rings get their own slots and mask over the ring's columns (when every layer slides, those
+    are `kv_slots` and `mask` themselves).
     """
 
-    def __init__(self, cfg: ModelConfig, b: int, s: int, r: int, p: int, capacity: int) -> None:
+    def __init__(self, cfg: ModelConfig, b: int, s: int, r: int, p: int, kv: KVCache) -> None:
         f32 = np.float32
-        self.capacity = capacity
+        self.capacity = capacity = kv.capacity
+        ring = kv.ring is not None
+        every = ring and not cfg.mixed_windows
         self.embeddings = np.zeros((b, s, cfg.d_model), f32)
-        self.mask = np.zeros((b, 1, s, capacity), f32)
+        self.mask = np.zeros((b, 1, s, kv.ring_rows if every else capacity), f32)
         self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
         per = r // b
@@ -145,11 +156,15 @@ class _StepBuffers:
         }
         # Sliding layers' own mask and rotary tables, for models whose layers differ.
         # (aliases of the shared ones, never bound, for models without them)
-        self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
+        swa_shape = (b, 1, s, kv.ring_rows)
+        self.mask_swa = np.zeros(swa_shape, f32) if cfg.mixed_windows else self.mask
+        self.slots_swa = self.slots.copy() if ring and cfg.mixed_windows else self.slots
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
         self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
         if cfg.mixed_windows:
             self.inputs["mask_swa"] = value(self.mask_swa)
+        if self.slots_swa is not self.slots:
+            self.inputs["kv_slots_swa"] = value(self.slots_swa)
         if cfg.local_rope:
             self.inputs["cos_swa"] = value(self.cos_swa)
             self.inputs["sin_swa"] = value(self.sin_swa)

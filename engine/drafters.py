@@ -139,11 +139,13 @@ class ModelDrafter(Drafter):
         self.seq = KVSequence(model)  # the tokens whose K/V are in the draft cache
 
     def catch_up(self, context: Sequence[int]) -> int:
-        return len(context) - min(common_prefix_len(self.seq.tokens, context), len(context) - 1)
+        keep = min(common_prefix_len(self.seq.tokens, context), len(context) - 1)
+        return len(context) - self.seq.usable(keep)
 
     def _sync(self, context: Sequence[int]) -> np.ndarray:
         """Roll back to the common prefix, prefill the rest; logits after `context`."""
         keep = min(common_prefix_len(self.seq.tokens, context), len(context) - 1)
+        keep = self.seq.usable(keep)  # a sliding-window draft may have to start over
         self.seq.rollback(keep)
         rest = [int(t) for t in context[keep:]]
         t0 = time.perf_counter()

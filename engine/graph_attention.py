@@ -41,6 +41,7 @@ def attend_inplace(
     mask: str,
     kv: tuple[str, int],
     k_smooth: np.ndarray | None = None,
+    slots: str = "kv_slots",
 ) -> str:
     """Attention after scattering the S new rows into the cache at `kv_slots` (the CPU layout).
 
@@ -55,12 +56,13 @@ def attend_inplace(
     instead of a blocked DequantizeLinear, which ONNX Runtime runs ~20x slower than Cast.
     `k_smooth` `[Hkv, dh]` (int8, `kv_smoothing`): K is stored as `k / s` and Q multiplied by
     `s`, powers of two, so the scores are those of the unscaled rows.
+    `slots` names the slot input (a sliding-window layer's ring has its own, `kv_ring`).
     """
     if k_smooth is not None:
         k_new = gr.op("Mul", [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)])
         q = gr.op("Mul", [q, _per_channel(gr, f"k_smooth_{i}", k_smooth)])
-    k_all, k_scale = _store_rows(gr, i, "k", k_new, *kv)
-    v_all, v_scale = _store_rows(gr, i, "v", v_new, *kv)
+    k_all, k_scale = _store_rows(gr, i, "k", k_new, *kv, slots)
+    v_all, v_scale = _store_rows(gr, i, "v", v_new, *kv, slots)
     scores = gr.op("MatMul", [q, gr.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
     if k_scale:
         scores = gr.op("Mul", [scores, k_scale])
@@ -71,7 +73,7 @@ def attend_inplace(
 
 
 def _store_rows(
-    gr: Graph, i: int, kind: str, new: str, kv_dtype: str, head_dim: int
+    gr: Graph, i: int, kind: str, new: str, kv_dtype: str, head_dim: int, slots: str
 ) -> tuple[str, str | None]:
     """Scatter the new rows `[B, Hkv, S, dh]` into cache `kind` of layer i in its dtype.
 
@@ -82,18 +84,18 @@ def _store_rows(
     """
     past, present = f"past_{kind}_{i}", f"present_{kind}_{i}"
     if kv_dtype == "f32":
-        return gr.op("ScatterND", [past, "kv_slots", new], outputs=[present]), None
+        return gr.op("ScatterND", [past, slots, new], outputs=[present]), None
     if kv_dtype == "f16":
         rows = gr.op("Cast", [new], to=TensorProto.FLOAT16)
-        stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
+        stored = gr.op("ScatterND", [past, slots, rows], outputs=[present])
         return gr.op("Cast", [stored], to=TensorProto.FLOAT), None
     absmax = gr.op("ReduceMax", [gr.op("Abs", [new]), gr.ints([-1])], keepdims=1)
     scale = gr.op("Max", [gr.op("Div", [absmax, gr.scalar(127.0)]), gr.scalar(1e-30)])
     rows = gr.op(
         "QuantizeLinear", [new, scale], axis=-1, block_size=head_dim, output_dtype=TensorProto.INT8
     )
-    stored = gr.op("ScatterND", [past, "kv_slots", rows], outputs=[present])
-    scales = gr.op("ScatterND", [f"{past}_scale", "kv_slots", scale], outputs=[f"{present}_scale"])
+    stored = gr.op("ScatterND", [past, slots, rows], outputs=[present])
+    scales = gr.op("ScatterND", [f"{past}_scale", slots, scale], outputs=[f"{present}_scale"])
     columns = gr.op("Transpose", [scales], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: C floats
     return gr.op("Cast", [stored], to=TensorProto.FLOAT), columns
 

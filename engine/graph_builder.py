@@ -110,11 +110,13 @@ class GraphSpec:
     row_padding: bool = False  # a `pad_rows` input (`graph_ops.RowPad`): exact one-row decode steps
     batch: int | None = 1  # B sequences side by side, each its own cache row (`None` = symbolic)
     kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
+    ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
 
     @classmethod
-    def cpu(cls, accuracy_level: int, kv_dtype: str = "f32") -> GraphSpec:
+    def cpu(cls, accuracy_level: int, kv_dtype: str = "f32", ring: bool = False) -> GraphSpec:
         """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
-        cache, row padding for exact one-row decode steps."""
+        cache, row padding for exact one-row decode steps; `ring`: sliding-window layers keep
+        a ring of their own size."""
         return cls(
             None,
             None,
@@ -124,14 +126,30 @@ class GraphSpec:
             row_padding=True,
             batch=None,
             kv_dtype=kv_dtype,
+            ring=ring,
         )
 
     @classmethod
     def static(
-        cls, seq_len: int, capacity: int, logit_rows: int, accuracy_level: int, batch: int = 1
+        cls,
+        seq_len: int,
+        capacity: int,
+        logit_rows: int,
+        accuracy_level: int,
+        batch: int = 1,
+        ring: int = 0,
     ) -> GraphSpec:
-        """A fixed-shape graph for the NPU, with norms the HTP accepts (no fused ones)."""
-        return cls(seq_len, capacity, logit_rows, accuracy_level, fused_norms=False, batch=batch)
+        """A fixed-shape graph for the NPU, with norms the HTP accepts (no fused ones);
+        `ring`: the sliding layers' cache rows (0: the capacity, through the mask)."""
+        return cls(
+            seq_len,
+            capacity,
+            logit_rows,
+            accuracy_level,
+            fused_norms=False,
+            batch=batch,
+            ring=ring or False,
+        )
 
     def key(self) -> dict[str, Any]:
         """The spec as the compile-cache key sees it; f32 K/V (the graphs before the field
@@ -141,6 +159,8 @@ class GraphSpec:
             del key["kv_dtype"]
         if self.kv_dtype == "int8":
             key["k_smoothing"] = K_SMOOTHING
+        if key["ring"] is False:
+            del key["ring"]
         return key
 
 
@@ -164,6 +184,15 @@ def make_graph(
     r_dim: int | str = spec.logit_rows if spec.logit_rows is not None else "R"
     total: int | str = s_dim + c_dim if isinstance(s_dim, int) and isinstance(c_dim, int) else "CS"
     b_dim: int | str = spec.batch if spec.batch is not None else "B"
+    ring = bool(spec.ring) and any(cfg.swa_layers)
+    w_dim: int | str = ("W" if spec.ring is True else int(spec.ring)) if ring else c_dim
+    w_total: int | str = total
+    if ring:
+        w_total = w_dim + s_dim if isinstance(w_dim, int) and isinstance(s_dim, int) else "WS"
+
+    def rows_of(layer: int) -> int | str:  # cache rows of a layer: a ring's or the capacity
+        return w_dim if cfg.swa_layers and cfg.swa_layers[layer] else c_dim
+
     level = spec.accuracy_level
     eps = float(cfg.rms_eps)
 
@@ -173,33 +202,38 @@ def make_graph(
     kv_elem = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "int8": TensorProto.INT8}[
         spec.kv_dtype
     ]
+    every_slides = bool(cfg.swa_layers) and all(cfg.swa_layers)
+    mask_cols = (w_dim if inplace else w_total) if every_slides else (c_dim if inplace else total)
     inputs = [
         _value_info("embeddings", [b_dim, s_dim, d]),
-        _value_info("mask", [b_dim, 1, s_dim, c_dim if inplace else total]),
+        _value_info("mask", [b_dim, 1, s_dim, mask_cols]),
         _value_info("cos", [b_dim, s_dim, dh // 2]),
         _value_info("sin", [b_dim, s_dim, dh // 2]),
         _value_info("logit_rows", [r_dim], TensorProto.INT64),
     ]
     if cfg.mixed_windows:  # the sliding layers' mask (`layer_inputs`)
-        inputs.append(_value_info("mask_swa", [b_dim, 1, s_dim, c_dim if inplace else total]))
+        inputs.append(_value_info("mask_swa", [b_dim, 1, s_dim, w_dim if inplace else w_total]))
     if cfg.local_rope:  # the sliding layers' rotary tables
         inputs += [_value_info(f"{t}_swa", [b_dim, s_dim, dh // 2]) for t in ("cos", "sin")]
     if inplace:
         inputs.append(_value_info("kv_slots", [b_dim, hkv, s_dim, 3], TensorProto.INT64))
+        if ring and cfg.mixed_windows:  # the ring layers' slots (all-sliding: `kv_slots`)
+            inputs.append(_value_info("kv_slots_swa", [b_dim, hkv, s_dim, 3], TensorProto.INT64))
     if spec.row_padding:
         inputs.append(_value_info("pad_rows", ["P"], TensorProto.INT64))
     outputs = [_value_info("logits", [r_dim, cfg.vocab_size])]
-    rows_dim = c_dim if inplace else s_dim
     out_prefix = "present" if inplace else "new"
     for i in range(cfg.n_layers):
+        c_i = rows_of(i)
+        rows_dim = c_i if inplace else s_dim
         for kind in "kv":
-            inputs.append(_value_info(f"past_{kind}_{i}", [b_dim, hkv, c_dim, dh], kv_elem))
+            inputs.append(_value_info(f"past_{kind}_{i}", [b_dim, hkv, c_i, dh], kv_elem))
             out = f"{out_prefix}_{kind}_{i}"
             outputs.append(_value_info(out, [b_dim, hkv, rows_dim, dh], kv_elem))
         if spec.kv_dtype == "int8":  # a scale per (token, head): `kv_layout`
             for kind in "kv":
-                inputs.append(_value_info(f"past_{kind}_{i}_scale", [b_dim, hkv, c_dim, 1]))
-                outputs.append(_value_info(f"present_{kind}_{i}_scale", [b_dim, hkv, c_dim, 1]))
+                inputs.append(_value_info(f"past_{kind}_{i}_scale", [b_dim, hkv, c_i, 1]))
+                outputs.append(_value_info(f"present_{kind}_{i}_scale", [b_dim, hkv, c_i, 1]))
 
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
     # [C, S] split of the attention columns into cached slots and new rows.
@@ -209,14 +243,19 @@ def make_graph(
     masks = {False: tiled("mask")}
     if cfg.mixed_windows:
         masks[True] = tiled("mask_swa")
-    if inplace:
-        split_cs = None  # no [C, S] column split: attention reads the cache only
-    elif spec.capacity is not None and spec.seq_len is not None:
-        split_cs = gr.ints([spec.capacity, spec.seq_len])
-    else:
-        cap = gr.op("Shape", ["past_k_0"], start=2, end=3)
-        seq = gr.op("Shape", ["embeddings"], start=1, end=2)
-        split_cs = gr.op("Concat", [cap, seq], axis=0)
+    splits: dict[int | str, str] = {}
+
+    def split_cs(layer: int) -> str:
+        """The [C, S] split of the attention columns into cached slots and new rows."""
+        rows = rows_of(layer)
+        if rows not in splits:
+            if isinstance(rows, int) and isinstance(s_dim, int):
+                splits[rows] = gr.ints([rows, s_dim])
+            else:
+                cap = gr.op("Shape", [f"past_k_{layer}"], start=2, end=3)
+                seq = gr.op("Shape", ["embeddings"], start=1, end=2)
+                splits[rows] = gr.op("Concat", [cap, seq], axis=0)
+        return splits[rows]
 
     def norm(x: str, weight: str, delta: str | None) -> tuple[str, str]:
         """RMSNorm of `x + delta`; returns (normed, new residual stream)."""
@@ -284,11 +323,13 @@ def make_graph(
             outputs=None if inplace else [f"new_v_{i}"],
             perm=[0, 2, 1, 3],
         )
-        if split_cs is None:
+        if inplace:  # no [C, S] column split: attention reads the cache only
             smooth = graph_layout(k_smooth[i], cfg) if spec.kv_dtype == "int8" else None
-            att = attend_inplace(gr, i, q, rope(k, local), v, mask, (spec.kv_dtype, dh), smooth)
+            slots = "kv_slots_swa" if local and ring and cfg.mixed_windows else "kv_slots"
+            store = (spec.kv_dtype, dh)
+            att = attend_inplace(gr, i, q, rope(k, local), v, mask, store, smooth, slots)
         else:
-            att = attend_split(gr, i, q, rope(k, local, f"new_k_{i}"), v, mask, split_cs)
+            att = attend_split(gr, i, q, rope(k, local, f"new_k_{i}"), v, mask, split_cs(i))
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
         att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])

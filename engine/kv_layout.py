@@ -75,6 +75,9 @@ class KVSnapshot:
 
     K rows carry rotary encoding for their absolute positions, so a snapshot is only valid when
     imported at the slot it was exported from (the prefix store keeps prefixes at slot 0).
+    `ring_from`: the sliding-window layers' rows below this position were no longer in their
+    ring when the rows were taken (zeros here); a prefix that needs them is not usable
+    (`kv_ring`). At or below `start`: every row is held.
     """
 
     start: int
@@ -82,6 +85,7 @@ class KVSnapshot:
     v: list[np.ndarray]
     k_scale: list[np.ndarray] = field(default_factory=list)
     v_scale: list[np.ndarray] = field(default_factory=list)
+    ring_from: int = field(default=0, kw_only=True)
 
     @property
     def length(self) -> int:
@@ -101,7 +105,7 @@ class KVSnapshot:
 
     def _map(self, start: int, f: Callable[[np.ndarray], np.ndarray]) -> KVSnapshot:
         k, v, *scales = [[f(a) for a in part] for part in self.parts()]
-        return KVSnapshot(start, k, v, *scales)
+        return KVSnapshot(start, k, v, *scales, ring_from=self.ring_from)
 
     def rows(self, start: int, end: int) -> KVSnapshot:
         """Rows `[start, end)` counted from this snapshot's first row (views, not copies)."""
@@ -115,4 +119,6 @@ class KVSnapshot:
             [np.concatenate([p[j][i] for p in lists], axis=2) for i in range(len(lists[0][j]))]
             for j in range(len(lists[0]))
         ]
-        return cls(parts[0].start, k, v, *scales)
+        # the last part missing ring rows decides (the ones after it hold all theirs)
+        missing = [p.ring_from for p in parts if p.ring_from > p.start]
+        return cls(parts[0].start, k, v, *scales, ring_from=max(missing, default=0))

@@ -13,11 +13,6 @@ head) scales in an array of their own, moved, swapped and exported with their ro
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import mmap
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +20,9 @@ import numpy as np
 from .errors import NpuchatError
 from .graph_builder import MASK_NEG
 from .kv_layout import KV_DTYPES, KVSnapshot, bytes_per_token, check_kv_dtype
+from .kv_pages import ReservedBuffer
+from .kv_ring import RingShape, usable_length
+from .model_config import ModelConfig
 
 
 def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
@@ -39,20 +37,16 @@ def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
     return [*(c for c in steps if c < top), top]
 
 
-_MADV_DONTNEED = 4  # Linux
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
 class KVCache:
     """Per-layer K and V buffers `[rows, Hkv, C, dh]` and each row's number of valid slots.
 
     All rows share one capacity (the smallest variant that holds the longest row), so any
     contiguous range of rows is one `[B, Hkv, C, dh]` view a batched graph can bind as is.
     `n` is row 0's fill level (the single-sequence API).
+
+    With a `window` and `sliding` layers, those layers keep `[rows, Hkv, Rc, dh]`: a ring of
+    `window + step_rows` slots (`kv_ring`), or C slots while C is smaller. Each row's
+    `ring_floor` is the first position the ring still holds.
     """
 
     def __init__(
@@ -63,6 +57,10 @@ class KVCache:
         capacities: Sequence[int],
         rows: int = 1,
         kv_dtype: str = "f32",
+        *,
+        window: int = 0,
+        sliding: Sequence[bool] = (),
+        step_rows: int = 0,
     ) -> None:
         if not capacities or min(capacities) < 1:
             raise NpuchatError("KV capacities must be positive integers")
@@ -74,16 +72,33 @@ class KVCache:
         self.kv_dtype = check_kv_dtype(kv_dtype)
         self.dtype = np.dtype(KV_DTYPES[kv_dtype])
         self.lengths = [0] * self.rows
+        self.sliding = tuple(bool(x) for x in sliding) if window > 0 else ()
+        if self.sliding and len(self.sliding) != n_layers:
+            raise NpuchatError("the sliding-layer flags must name every layer")
+        self.ring = RingShape(window, step_rows) if any(self.sliding) else None
+        self.ring_floor = [0] * self.rows  # first position each row's rings still hold
         self.capacity = 0
-        self.data: np.ndarray = np.zeros(0, self.dtype)
+        self.data: np.ndarray = np.zeros(0, self.dtype)  # every buffer, flat
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
-        self.scales: np.ndarray | None = None  # int8: `[2, layers, rows, Hkv, C, 1]` float32
-        self.k_scale: list[np.ndarray] = []  # int8: per-layer views of `scales`
+        self.k_scale: list[np.ndarray] = []  # int8: per-layer `[rows, Hkv, C, 1]` float32
         self.v_scale: list[np.ndarray] = []
         self.generation = 0  # bumped whenever the layout changes (rebind OrtValues)
-        self._reserve()
+        self._pages = ReservedBuffer(
+            self._data_bytes(self.max_capacity) // self.dtype.itemsize, self.dtype
+        )
+        self._flat = self._pages.flat
         self._allocate(self.capacities[0])
+
+    @classmethod
+    def for_model(
+        cls, cfg: ModelConfig, caps: Sequence[int], rows: int, kv_dtype: str, step_rows: int
+    ) -> KVCache:
+        """The cache of `cfg`'s layers, its sliding layers in rings (`step_rows`: the most
+        rows one graph run writes)."""
+        dims = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)
+        window, sliding = cfg.sliding_window, cfg.swa_layers
+        return cls(*dims, caps, rows, kv_dtype, window=window, sliding=sliding, step_rows=step_rows)
 
     @property
     def n(self) -> int:
@@ -98,101 +113,111 @@ class KVCache:
         return self.capacities[-1]
 
     @property
+    def ring_rows(self) -> int:
+        """Slots of a ring layer now (the capacity when there are no rings)."""
+        return self.ring.rows(self.capacity) if self.ring else self.capacity
+
+    @property
+    def ring_slots(self) -> int:
+        """Slots of a ring layer now; 0 without rings."""
+        return self.ring_rows if self.ring else 0
+
+    def is_ring(self, layer: int) -> bool:
+        return self.ring is not None and self.sliding[layer]
+
+    def layer_rows(self, layer: int, capacity: int) -> int:
+        """Slots layer `layer` holds at `capacity`."""
+        return self.ring.rows(capacity) if self.ring and self.sliding[layer] else capacity
+
+    @property
     def bytes_per_token(self) -> int:
-        """K/V bytes of one token in every layer (int8: with its scales)."""
+        """K/V bytes of one token in every layer (int8: with its scales), rings left aside."""
         return bytes_per_token(self.kv_dtype, self.n_layers, self.n_kv_heads, self.head_dim)
 
     def bytes_for(self, capacity: int) -> int:
-        """Bytes of all rows at `capacity` (int8: with their scales)."""
-        return self.bytes_per_token * capacity * self.rows
+        """Bytes of all rows at `capacity` (int8: with their scales; ring layers: their ring)."""
+        per_slot = self.bytes_per_token // self.n_layers
+        slots = sum(self.layer_rows(i, capacity) for i in range(self.n_layers))
+        return per_slot * slots * self.rows
 
     def _data_bytes(self, capacity: int) -> int:
         """Bytes of the K/V values alone (the reserved buffer) at `capacity`."""
-        per_row = 2 * self.n_layers * self.n_kv_heads * capacity * self.head_dim
-        return per_row * self.rows * self.dtype.itemsize
+        slots = sum(self.layer_rows(i, capacity) for i in range(self.n_layers))
+        return 2 * slots * self.rows * self.n_kv_heads * self.head_dim * self.dtype.itemsize
 
     def parts(self) -> list[list[np.ndarray]]:
         """The per-layer buffer lists, in `KVSnapshot.parts` order: K, V, then (int8) scales."""
-        return [self.k, self.v] + ([self.k_scale, self.v_scale] if self.scales is not None else [])
+        return [self.k, self.v] + ([self.k_scale, self.v_scale] if self.k_scale else [])
+
+    def _blocks(self, capacity: int) -> list[tuple[int, int, bool]]:
+        """(offset, slots, ring) of every `[slots, dh]` block, in buffer order: K then V,
+        layer, row, head; a part's layer is one contiguous `[rows, Hkv, slots, dh]` run."""
+        out, offset = [], 0
+        for _part in range(2):
+            for i in range(self.n_layers):
+                c, ring = self.layer_rows(i, capacity), self.is_ring(i)
+                for _ in range(self.rows * self.n_kv_heads):
+                    out.append((offset, c, ring))
+                    offset += c * self.head_dim
+        return out
 
     def _allocate(self, capacity: int) -> None:
-        """The layout `[2, layers, rows, Hkv, C, dh]` over the one reserved buffer; `k[i]`/`v[i]`
-        are contiguous views into it, so the graph binds per-layer buffers (any range of rows)
-        and a write-back is one copy.
+        """The per-layer layouts over the one reserved buffer; `k[i]`/`v[i]` are contiguous
+        views into it, so the graph binds per-layer buffers (any range of rows) and a
+        write-back is one copy.
 
         Every capacity's layout starts at the buffer's first byte, so moving to another one
         moves each `[C, dh]` block within the buffer (backwards when growing, forwards when
-        shrinking) instead of copying into fresh memory: fresh pages cost a page fault each,
-        and faults in this process measured ~40 µs a page (0.9 s for 90 MB moved at a step).
-        The pages a larger capacity will touch are faulted in ahead, off the step path
-        (`_prefault`); a smaller capacity hands the tail's pages back to the OS.
+        shrinking: every block's offset moves the same way) instead of copying into fresh
+        memory: fresh pages cost a page fault each, and faults in this process measured
+        ~40 µs a page (0.9 s for 90 MB moved at a step). The pages a larger capacity will touch
+        are faulted in ahead, off the step path (`_prefault`); a smaller capacity hands the
+        tail's pages back to the OS. A ring's slots move whole (they are not in position order).
         """
-        self._join_prefault()
+        self._pages.join()
         old, used = self.capacity, max(self.lengths)
-        shape = (2, self.n_layers, self.rows, self.n_kv_heads, capacity, self.head_dim)
-        size = int(np.prod(shape))
-        blocks = 2 * self.n_layers * self.rows * self.n_kv_heads
-        self.k, self.v = [], []
-        src = self._flat[: blocks * old * self.head_dim].reshape(blocks, old * self.head_dim)
-        dst = self._flat[:size].reshape(blocks, capacity * self.head_dim)
-        n = min(used, old, capacity) * self.head_dim
-        order = range(blocks - 1, -1, -1) if capacity > old else range(blocks)
-        if n and old:
+        dh, flat = self.head_dim, self._flat
+        src, dst = self._blocks(old), self._blocks(capacity)
+        order = range(len(dst) - 1, -1, -1) if capacity > old else range(len(dst))
+        if old:
             for j in order:  # numpy copies overlapping ranges correctly
-                dst[j, :n] = src[j, :n]
+                (a, ca, ring), (b, cb, _) = src[j], dst[j]
+                n = min(ca, cb) if ring else min(used, ca, cb)
+                if n and a != b:
+                    flat[b : b + n * dh] = flat[a : a + n * dh]
+        size = self._data_bytes(capacity) // self.dtype.itemsize
         if capacity < old:
-            self._release(size)
-        self.data = self._flat[:size].reshape(shape)
-        self.k = [self.data[0, i] for i in range(self.n_layers)]
-        self.v = [self.data[1, i] for i in range(self.n_layers)]
+            self._pages.release(size)
+        self.data = flat[:size]
+        views: list[np.ndarray] = []
+        for j in range(0, len(dst), self.rows * self.n_kv_heads):
+            b, c, _ = dst[j]
+            n = self.rows * self.n_kv_heads * c * dh
+            views.append(flat[b : b + n].reshape(self.rows, self.n_kv_heads, c, dh))
+        self.k, self.v = views[: self.n_layers], views[self.n_layers :]
         if self.kv_dtype == "int8":  # scales: 1/dh of the values in float32, plainly copied
-            scales = np.zeros((*shape[:-1], 1), np.float32)
-            if self.scales is not None and n:
-                keep = min(used, old, capacity)
-                scales[..., :keep, :] = self.scales[..., :keep, :]
-            self.scales = scales
-            self.k_scale = [scales[0, i] for i in range(self.n_layers)]
-            self.v_scale = [scales[1, i] for i in range(self.n_layers)]
+            self.k_scale = [self._moved_scales(a, i, used) for i, a in enumerate(self.k_scale)]
+            self.v_scale = [self._moved_scales(a, i, used) for i, a in enumerate(self.v_scale)]
+            if not self.k_scale:
+                shapes = [(*k.shape[:-1], 1) for k in self.k]
+                self.k_scale = [np.zeros(shape, np.float32) for shape in shapes]
+                self.v_scale = [np.zeros(shape, np.float32) for shape in shapes]
         self.capacity = capacity
         self.generation += 1
 
-    def _reserve(self) -> None:
-        """Memory for the largest capacity: numpy's zeroed allocation, which the C library maps
-        fresh for a buffer this size, so pages become resident only when touched."""
-        nbytes = self._data_bytes(self.max_capacity)
-        self._flat = np.zeros(nbytes // self.dtype.itemsize, self.dtype)
-        self._prefaulting: threading.Thread | None = None
-        self._prefaulted = 0  # elements of the buffer known to be resident
-
-    def _release(self, keep: int) -> None:
-        """Hand the pages past the first `keep` elements back to the OS (they read as zeros)."""
-        page = mmap.PAGESIZE
-        base = self._flat.ctypes.data
-        start = -(-(base + keep * self.dtype.itemsize) // page) * page
-        end = (base + self._flat.nbytes) // page * page
-        if end > start:
-            _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
-        self._prefaulted = min(self._prefaulted, keep)
+    def _moved_scales(self, old: np.ndarray, layer: int, used: int) -> np.ndarray:
+        fresh = np.zeros((*self.k[layer].shape[:-1], 1), np.float32)
+        n = min(old.shape[2], fresh.shape[2])
+        n = n if self.is_ring(layer) else min(n, used)
+        fresh[:, :, :n] = old[:, :, :n]
+        return fresh
 
     def _prefault(self, capacity: int) -> None:
-        """Touch, in a background thread, the pages the layout for `capacity` adds."""
-        end = self._data_bytes(capacity) // self.dtype.itemsize
-        if end <= self._prefaulted or self._prefaulting is not None:
-            return
-        start = self._data_bytes(self.capacity) // self.dtype.itemsize
-        step = mmap.PAGESIZE // self.dtype.itemsize
-
-        def touch() -> None:
-            self._flat[start:end:step] = 0  # beyond the live layout: no step reads it
-
-        self._prefaulting = threading.Thread(target=touch, name="kv-prefault", daemon=True)
-        self._prefaulting.start()
-        self._prefaulted = end
-
-    def _join_prefault(self) -> None:
-        if self._prefaulting is not None:
-            self._prefaulting.join()
-            self._prefaulting = None
+        """Fault in, off the step path, the pages the layout for `capacity` adds."""
+        size = self.dtype.itemsize
+        self._pages.prefault(
+            self._data_bytes(self.capacity) // size, self._data_bytes(capacity) // size
+        )
 
     def ensure(self, needed: int) -> None:
         """Move to the smallest capacity that holds `needed` slots and every row (one copy).
@@ -212,24 +237,58 @@ class KVCache:
         if bigger and needed * 2 > self.capacity:  # past half full: get the next one ready
             self._prefault(bigger[0])
 
+    def usable(self, n: int, row: int = 0) -> int:
+        """The longest length ≤ n row `row` can continue from: n itself, or 0 when n is past
+        what its sliding layers' rings still hold (`kv_ring`)."""
+        n = min(n, self.lengths[row])
+        return usable_length(n, self.ring_floor[row], self.ring.window) if self.ring else n
+
+    def usable_prefix(self, n: int, ring_from: int) -> int:
+        """The longest prefix ≤ n of rows taken from slot 0 with `ring_from` (a snapshot's)
+        that an import can continue from."""
+        return usable_length(n, ring_from, self.ring.window) if self.ring else n
+
     def rollback(self, n: int, row: int = 0) -> None:
         if not 0 <= n <= self.lengths[row]:
             raise NpuchatError(
                 f"cannot roll back to {n}: the cache holds {self.lengths[row]} slots"
             )
+        if self.usable(n, row) != n:
+            raise NpuchatError(
+                f"cannot roll back to {n}: the sliding-window layers no longer hold the rows "
+                f"before it (they keep the last {self.ring_rows}); prefill instead"
+            )
         self.lengths[row] = n
+        if n == 0:
+            self.ring_floor[row] = 0
+
+    def note_written(self, row: int, end: int) -> None:
+        """Positions up to `end` (exclusive) were written into row `row`'s rings: the rows
+        `end - R` and older are gone."""
+        if self.ring is not None:
+            self.ring_floor[row] = max(self.ring_floor[row], end - self.ring.size)
 
     def swap(self, a: int, b: int) -> None:
         """Exchange the contents of rows `a` and `b` (so a batch's rows can be contiguous)."""
         if a == b:
             return
         used = max(self.lengths[a], self.lengths[b])
-        for buf in (self.data, self.scales):
-            if used and buf is not None:
-                tmp = buf[:, :, a, :, :used].copy()
-                buf[:, :, a, :, :used] = buf[:, :, b, :, :used]
-                buf[:, :, b, :, :used] = tmp
+        for layers in self.parts():
+            for i, buf in enumerate(layers):
+                n = buf.shape[2] if self.is_ring(i) else used
+                if n:
+                    tmp = buf[a, :, :n].copy()
+                    buf[a, :, :n] = buf[b, :, :n]
+                    buf[b, :, :n] = tmp
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+        self.ring_floor[a], self.ring_floor[b] = self.ring_floor[b], self.ring_floor[a]
+
+    def slots(self, layer: int, at: int, count: int) -> slice | np.ndarray:
+        """The slots of positions `at..at+count` in layer `layer` (a ring's wrap around)."""
+        if self.is_ring(layer):
+            assert self.ring is not None
+            return self.ring.slots(np.arange(at, at + count))
+        return slice(at, at + count)
 
     def write(
         self,
@@ -241,15 +300,17 @@ class KVCache:
         batch_index: int = 0,
     ) -> None:
         """Copy rows `rows` of batch entry `batch_index` of per-layer new K/V `[B, Hkv, S, dh]`
-        into cache row `row` at slots from `at` (the static graphs' float rows: f32 caches)."""
+        into cache row `row` at the slots of positions from `at` (the static graphs' float
+        rows: f32 caches)."""
         if self.kv_dtype != "f32":
             raise NpuchatError(f"float K/V rows cannot be written into a {self.kv_dtype} cache")
         count = len(range(*rows.indices(new_k[0].shape[2])))
         self._check_room(at, count)
-        for dst, src in zip(self.k, new_k, strict=True):
-            dst[row, :, at : at + count] = src[batch_index, :, rows]
-        for dst, src in zip(self.v, new_v, strict=True):
-            dst[row, :, at : at + count] = src[batch_index, :, rows]
+        for i in range(self.n_layers):
+            slots = self.slots(i, at, count)
+            self.k[i][row][:, slots] = new_k[i][batch_index, :, rows]
+            self.v[i][row][:, slots] = new_v[i][batch_index, :, rows]
+        self.note_written(row, at + count)
 
     def _check_room(self, at: int, count: int) -> None:
         if at + count > self.capacity:
@@ -278,6 +339,14 @@ class KVCache:
         new = (i[None, :] <= i[:, None]) & ((i[None, :] >= pad) | (i[None, :] == i[:, None]))
         m[:, c:][new] = 0.0
 
+    def fill_ring_mask(
+        self, out: np.ndarray, pad: int = 0, row: int = 0, batch_index: int = 0
+    ) -> None:
+        """`fill_mask` for the ring layers (`[B, 1, S, Rc + S]`: the ring, then the new rows)."""
+        assert self.ring is not None
+        n = self.lengths[row]
+        self.ring.fill_split_mask(out[batch_index], n - pad, n, pad)
+
     def fill_causal_mask(self, out: np.ndarray, positions: np.ndarray) -> None:
         """The mask `[B, 1, S, C]` of rows already scattered into the cache at `positions`
         (`[S]` for one sequence, `[B, S]` for a batch): row i attends slots
@@ -287,12 +356,23 @@ class KVCache:
         np.multiply(cols[None, None, :] > pos[:, :, None], MASK_NEG, out=out[:, 0])
 
     def export(self, start: int, end: int, row: int = 0) -> KVSnapshot:
+        """Copies of rows `[start, end)` in position order. A ring layer no longer holds its
+        rows below the row's floor: they are zeros, and the snapshot's `ring_from` says so."""
         if not 0 <= start <= end <= self.lengths[row]:
             raise NpuchatError(
                 f"cannot export KV rows {start}..{end}: the cache holds {self.lengths[row]}"
             )
-        k, v, *scales = [[a[row : row + 1, :, start:end].copy() for a in p] for p in self.parts()]
-        return KVSnapshot(start, k, v, *scales)
+        floor = self.ring_floor[row]
+        out: list[list[np.ndarray]] = []
+        for layers in self.parts():
+            out.append([])
+            for i, a in enumerate(layers):
+                part = a[row : row + 1, :, self.slots(i, start, end - start)].copy()
+                if self.is_ring(i) and floor > start:
+                    part[:, :, : min(floor, end) - start] = 0
+                out[-1].append(part)
+        k, v, *scales = out
+        return KVSnapshot(start, k, v, *scales, ring_from=max(floor, start) if self.ring else 0)
 
     def import_(self, snap: KVSnapshot, at: int, row: int = 0) -> None:
         if len(snap.k) != self.n_layers or (
@@ -308,9 +388,23 @@ class KVCache:
             raise NpuchatError(
                 f"cannot import KV at slot {at}: the cache holds {self.lengths[row]}"
             )
-        self.ensure(at + snap.length)
         count = snap.length
+        end = at + count
+        floor = 0
+        if self.ring is not None:
+            floor = max(self.ring_floor[row] if at else 0, snap.ring_from, end - self.ring.size)
+            if usable_length(end, floor, self.ring.window) != end:
+                raise NpuchatError(
+                    f"the KV snapshot's sliding-window rows end before position {end}; "
+                    "prefill instead"
+                )
+        self.ensure(end)
         for dsts, srcs in zip(self.parts(), snap.parts(), strict=True):
-            for dst, src in zip(dsts, srcs, strict=True):
-                dst[row, :, at : at + count] = src[0]
-        self.lengths[row] = at + count
+            for i, (dst, src) in enumerate(zip(dsts, srcs, strict=True)):
+                if self.is_ring(i):  # only the rows the ring can hold, at their slots
+                    first = max(at, end - self.ring_rows)
+                    dst[row][:, self.slots(i, first, end - first)] = src[0, :, first - at :]
+                else:
+                    dst[row, :, at:end] = src[0]
+        self.lengths[row] = end
+        self.ring_floor[row] = floor

@@ -140,6 +140,8 @@ class Model:
             caps = [max(capacities) if capacities else default_npu_capacity(context)]
         if max(caps) > context:
             raise NpuchatError(f"KV capacity {max(caps)} exceeds {cfg.name}'s context of {context}")
+        steps = max(self.prefill_chunk, self.verify_k + 1)  # the most rows one run writes
+        self._kv = KVCache.for_model(cfg, caps, self.batch_max, kv_dtype, steps)
         report("hashing model", 0.0)
         self.sha256 = model_sha256(self.path, cache_dir)
         if device == "npu":
@@ -157,11 +159,12 @@ class Model:
                 opts=npu_options,
                 progress=report,
                 batch_max=self.batch_max,
+                ring=self._kv.ring_slots,
             )
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            specs = {"decoder": GraphSpec.cpu(accuracy_level, kv_dtype)}
+            specs = {"decoder": GraphSpec.cpu(accuracy_level, kv_dtype, ring=any(cfg.swa_layers))}
             key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()
@@ -181,9 +184,6 @@ class Model:
             )
             self._session = session
             self.load_seconds = time.perf_counter() - t0
-        self._kv = KVCache(
-            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, caps, rows=self.batch_max, kv_dtype=kv_dtype
-        )
         if self._session is not None:
             self._cpu = CpuSteps(self._session, cfg, self._kv)
         self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
@@ -233,6 +233,11 @@ class Model:
 
     def rollback(self, n: int, row: int = 0) -> None:
         self._kv.rollback(n, row)
+
+    def usable(self, n: int, row: int = 0, ring_from: int | None = None) -> int:
+        """`KVCache.usable` (of stored rows: `usable_prefix`): sliding layers' rings forget."""
+        kv = self._kv
+        return kv.usable(n, row) if ring_from is None else kv.usable_prefix(n, ring_from)
 
     def kv_export(self, start: int, end: int, row: int = 0) -> KVSnapshot:
         return self._kv.export(start, end, row)

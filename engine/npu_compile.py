@@ -65,21 +65,23 @@ def npu_specs(
     accuracy_level: int = 4,
     single: bool = False,
     batch_max: int = 1,
+    ring: int = 0,
 ) -> dict[str, GraphSpec]:
     """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out.
     `decode_b{B}` are the batched decode variants (`npu_batches`). `single`: one `step` graph
     (max(P, k+1) rows, all logits) for every one-sequence step, one copy of the weights, and
-    no batched variants."""
+    no batched variants. `ring`: the sliding layers' ring slots (`kv_ring`; 0: none)."""
     if single:
         rows = max(prefill_chunk, verify_k + 1)
-        return {"step": GraphSpec.static(rows, capacity, rows, accuracy_level)}
-    specs = {"decode": GraphSpec.static(1, capacity, 1, accuracy_level)}
+        return {"step": GraphSpec.static(rows, capacity, rows, accuracy_level, ring=ring)}
+    specs = {"decode": GraphSpec.static(1, capacity, 1, accuracy_level, ring=ring)}
     for b in npu_batches(batch_max):
-        specs[f"decode_b{b}"] = GraphSpec.static(1, capacity, b, accuracy_level, batch=b)
+        specs[f"decode_b{b}"] = GraphSpec.static(1, capacity, b, accuracy_level, b, ring)
     if prefill_chunk > 1:
-        specs["prefill"] = GraphSpec.static(prefill_chunk, capacity, 1, accuracy_level)
+        specs["prefill"] = GraphSpec.static(prefill_chunk, capacity, 1, accuracy_level, ring=ring)
     if verify_k > 0:
-        specs["verify"] = GraphSpec.static(verify_k + 1, capacity, verify_k + 1, accuracy_level)
+        k1 = verify_k + 1
+        specs["verify"] = GraphSpec.static(k1, capacity, k1, accuracy_level, ring=ring)
     return specs
 
 

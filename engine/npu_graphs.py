@@ -53,7 +53,10 @@ class _Bound:
         self.session = session
         self.batch, self.seq_len, self.rows = b, s, r
         self.embeddings = np.zeros((b, s, cfg.d_model), f32)
-        self.mask = np.zeros((b, 1, s, c + s), f32)
+        self.ring = int(spec.ring) if spec.ring is not False and any(cfg.swa_layers) else 0
+        ring_cols = (self.ring or c) + s  # the ring layers' columns: their slots, the new rows
+        every = self.ring and not cfg.mixed_windows  # every layer slides: `mask` is theirs
+        self.mask = np.zeros((b, 1, s, ring_cols if every else c + s), f32)
         self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
         per = r // b
@@ -61,7 +64,7 @@ class _Bound:
         self.logit_rows = rows.reshape(-1).astype(np.int64)
         self.cfg = cfg
         # sliding layers' own inputs (aliases of the shared ones for models without them)
-        self.mask_swa = np.zeros_like(self.mask) if cfg.mixed_windows else self.mask
+        self.mask_swa = np.zeros((b, 1, s, ring_cols), f32) if cfg.mixed_windows else self.mask
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
         self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
         self.logits = np.zeros((r, cfg.vocab_size), f32)
@@ -149,11 +152,13 @@ class NpuGraphs:
         progress: ProgressFn | None = None,
         single_graph: bool = False,
         batch_max: int = 1,
+        ring: int = 0,
     ) -> NpuGraphs:
-        """Compile (first use) or load (later) the graphs, then open one session per graph."""
+        """Compile (first use) or load (later) the graphs, then open one session per graph.
+        `ring`: the sliding layers' ring slots (0: none)."""
         opts = opts or QnnOptions()
         specs = npu_specs(
-            prefill_chunk, verify_k, capacity, accuracy_level, single_graph, batch_max
+            prefill_chunk, verify_k, capacity, accuracy_level, single_graph, batch_max, ring
         )
         compiled = compile_npu_graphs(gguf_path, model_sha, specs, cache, opts, progress)
         if progress:
@@ -205,9 +210,13 @@ class NpuGraphs:
             g.embeddings[0, :pad] = embeddings[0]
             g.cos[0, :pad] = cos[0]
             g.sin[0, :pad] = sin[0]
-        kv.fill_mask(g.mask, pad, row)
         cfg = g.cfg
-        if cfg.swa_layers:  # columns: the C slots, then the S new rows (pad rows stay hidden)
+        self._check_ring(g, kv)
+        if g.ring:  # sliding layers read their rings (`kv_ring`)
+            kv.fill_ring_mask(g.mask_swa, pad, row)
+        if not g.ring or cfg.mixed_windows:
+            kv.fill_mask(g.mask, pad, row)
+        if cfg.swa_layers and not g.ring:  # the C slots, then the S new rows (pad rows hidden)
             rows = np.arange(n - pad, n + s)
             cols = np.concatenate([np.arange(kv.capacity), rows])
             out = g.mask_swa if cfg.mixed_windows else g.mask
@@ -219,6 +228,13 @@ class NpuGraphs:
         g.session.run_with_iobinding(g.io)
         kv.write(g.new_k, g.new_v, slice(pad, None), n, row)
         return g.logits[pad:].copy() if all_rows else g.logits[-1:].copy()
+
+    @staticmethod
+    def _check_ring(g: _Bound, kv: KVCache) -> None:
+        if g.ring != (kv.ring_rows if kv.ring else 0):
+            raise NpuchatError(
+                f"the NPU graphs keep {g.ring} ring slots, the cache {kv.ring_rows}; this is a bug"
+            )
 
     def step_batch(
         self,
@@ -247,14 +263,21 @@ class NpuGraphs:
         cfg = g.cfg
         if cfg.local_rope and local is not None:
             g.cos_swa[:, 0], g.sin_swa[:, 0] = local[0][src], local[1][src]
+        self._check_ring(g, kv)
         cols = np.arange(kv.capacity + 1)  # the C slots, then the new row at its position
+        masks = [g.mask_swa] if g.ring else []
+        if not g.ring or cfg.mixed_windows:
+            masks.append(g.mask)
         for j in range(size):
-            if j < b:
-                kv.fill_mask(g.mask, 0, first_row + j, j)
-            else:  # padding entry: attends only its own new column
-                g.mask[j].fill(MASK_NEG)
-                g.mask[j, 0, 0, self.capacity] = 0.0
-            if cfg.swa_layers:
+            for mask in masks:
+                if j < b and mask is g.mask_swa and g.ring:
+                    kv.fill_ring_mask(mask, 0, first_row + j, j)
+                elif j < b:
+                    kv.fill_mask(mask, 0, first_row + j, j)
+                else:  # padding entry: attends only its own new column
+                    mask[j].fill(MASK_NEG)
+                    mask[j, 0, 0, -1] = 0.0
+            if cfg.swa_layers and not g.ring:
                 pos = kv.lengths[first_row + j] if j < b else 0
                 cols[-1] = pos
                 out = g.mask_swa if cfg.mixed_windows else g.mask

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .sequence import Sequence as KVHolder
 
 Exporter = Callable[[int, int], KVSnapshot]
+Usable = Callable[[int, int], int]  # (rows, ring_from) -> the rows an import can continue from
 _FORMAT = 1
 _MAX_LAYERS = 1024
 _PARTS = ("k", "v", "k_scale", "v_scale")  # array names in the `.npz`, per layer: k0, k1, ...
@@ -88,13 +89,24 @@ class PrefixStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _best(self, tokens: Sequence[int], limit: int) -> tuple[str | None, int]:
+    def _best(self, tokens: Sequence[int], limit: int, usable: Usable) -> tuple[str | None, int]:
         best_key, best_len = None, 0
         for key, e in self._entries.items():
             n = min(common_prefix_len(e.tokens, tokens), limit)
+            n = usable(n, self._ring_from(key, n)) if n > best_len else 0
             if n > best_len:
                 best_key, best_len = key, n
         return best_key, best_len
+
+    def _ring_from(self, key: str, end: int) -> int:
+        """`ring_from` of rows [0, end) along the chain of `key` (`KVSnapshot.concat`'s rule)."""
+        cur: str | None = key
+        while cur is not None:
+            e = self._entries[cur]
+            if e.start < end and e.rows.ring_from > e.start:
+                return e.rows.ring_from
+            cur = e.parent
+        return 0
 
     def _rows(self, key: str, end: int) -> KVSnapshot:
         """Rows [0, end) assembled along the chain of `key`."""
@@ -138,10 +150,15 @@ class PrefixStore:
                 return
             del self._entries[victim]
 
-    def lookup(self, tokens: Sequence[int], limit: int) -> PrefixHit | None:
-        """The longest stored prefix of `tokens` (at most `limit` rows), from RAM or disk."""
-        key, n = self._best(tokens, limit)
-        disk = self._disk_best(tokens, limit, n)
+    def lookup(
+        self, tokens: Sequence[int], limit: int, usable: Usable | None = None
+    ) -> PrefixHit | None:
+        """The longest stored prefix of `tokens` (at most `limit` rows), from RAM or disk.
+        `usable` cuts an entry to the rows a cache can continue from (a ring layer's rows
+        below a snapshot's `ring_from` are not held: `kv_ring`)."""
+        usable = usable or (lambda n, _ring_from: n)
+        key, n = self._best(tokens, limit, usable)
+        disk = self._disk_best(tokens, limit, n, usable)
         if disk is not None:
             return disk
         if key is None or n == 0:
@@ -178,6 +195,7 @@ class PrefixStore:
             "layout": self.layout_key,
             "tokens": [int(t) for t in tokens],
             "layers": len(snap.k),
+            "ring_from": snap.ring_from,
             "sha256": hashlib.sha256(data).hexdigest(),
             "bytes": len(data),
         }
@@ -228,10 +246,12 @@ class PrefixStore:
             self._warn(body, "does not match its hash (corrupt)")
             return None
         tokens: list[int] = header["tokens"]
+        ring_from = header.get("ring_from", 0)
         snap = _snapshot(data, header["layers"], len(tokens))
-        if snap is None:
+        if snap is None or not isinstance(ring_from, int) or isinstance(ring_from, bool):
             self._warn(body, "does not hold K/V rows of the shape its header says")
             return None
+        snap.ring_from = max(0, ring_from)
         return tokens, snap
 
     def restore(self, seq: KVHolder, ids: Sequence[int]) -> tuple[int, str]:
@@ -240,17 +260,20 @@ class PrefixStore:
         the reply. A longer state `seq` is leaving is kept here first, for coming back to it."""
         limit = len(ids) - 1
         seq.resync()
-        lcp = min(common_prefix_len(seq.tokens, ids), limit)
-        if lcp < len(seq.tokens) and len(seq.tokens) > lcp + 16:
+        shared = min(common_prefix_len(seq.tokens, ids), limit)
+        if shared < len(seq.tokens) and len(seq.tokens) > shared + 16:
             self.put(seq.tokens, seq.kv_export)
-        hit = self.lookup(ids, limit)
+        lcp = seq.usable(shared)  # a sliding layer's ring may no longer hold that far back
+        hit = self.lookup(ids, limit, lambda n, ring_from: seq.model.usable(n, 0, ring_from))
         if hit is not None and hit.length > lcp:
             seq.adopt(hit.snapshot, ids)
             return hit.length, hit.source
         seq.rollback(lcp)
         return lcp, "cache"
 
-    def _disk_best(self, tokens: Sequence[int], limit: int, beat: int) -> PrefixHit | None:
+    def _disk_best(
+        self, tokens: Sequence[int], limit: int, beat: int, usable: Usable
+    ) -> PrefixHit | None:
         """The persisted entry sharing the longest prefix (more than `beat` rows) with `tokens`.
 
         Like a RAM entry, a stored one may be used partially (rows `[0, lcp)`): a conversation
@@ -263,8 +286,9 @@ class PrefixStore:
             header = self._header(head)
             if header is None:
                 continue
-            stored = header["tokens"]
+            stored, ring_from = header["tokens"], header.get("ring_from", 0)
             n = min(common_prefix_len(stored, tokens), limit)
+            n = usable(n, ring_from if isinstance(ring_from, int) else len(stored))
             if n > beat and (best is None or n > best[0]):
                 best = (n, head)
         if best is None:

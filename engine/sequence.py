@@ -147,6 +147,16 @@ class Sequence:
             self._truncate(n)
             del self.tokens[n:]
 
+    def usable(self, n: int) -> int:
+        """The longest prefix ≤ n of `tokens` the row can continue from: a sliding-window
+        layer's ring forgets rows (`kv_ring`), so after a long reply an earlier point may only
+        be reachable by prefilling again (0)."""
+        with self.runner.locked():
+            n = min(n, len(self.tokens))
+            if self.parked is not None:
+                return self.model.usable(n, ring_from=self.parked.ring_from)
+            return self.model.usable(n, row=self.row)
+
     def kv_export(self, start: int, end: int) -> KVSnapshot:
         with self.runner.locked():
             if self.parked is None:
@@ -194,6 +204,8 @@ class Sequence:
         if self.parked is None:
             self.model.rollback(n, row=self.row)
         elif n < self.parked.length:
+            if self.model.usable(n, ring_from=self.parked.ring_from) != n:
+                raise NpuchatError(f"cannot roll back to {n}: the parked rows do not hold it")
             self.parked = self.parked.rows(0, n)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.graph_builder import rope_tables
+from npuchat.engine.kv_ring import ring_rows
 from npuchat.engine.kvcache import KVCache
 from npuchat.engine.model import Model
 from npuchat.engine.npu_graphs import NpuGraphs
@@ -49,6 +50,7 @@ class NpuDriver:
         self.gguf = GGUFFile(path)
         self.cfg = cfg = self.gguf.config
         self.cache = GraphCache(cache_dir)
+        step = max(PREFILL, verify_k + 1)  # the most rows one graph run writes
         self.graphs = NpuGraphs.load(
             path,
             cfg,
@@ -59,8 +61,17 @@ class NpuDriver:
             capacity=CAPACITY,
             accuracy_level=0,
             single_graph=single_graph,
+            ring=ring_rows(cfg, step, CAPACITY),
         )
-        self.kv = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, [CAPACITY])
+        self.kv = KVCache(
+            cfg.n_layers,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            [CAPACITY],
+            window=cfg.sliding_window,
+            sliding=cfg.swa_layers,
+            step_rows=step,
+        )
         self.cos, self.sin = rope_tables(cfg, np.arange(CAPACITY))
         self.cos_swa, self.sin_swa = rope_tables(cfg, np.arange(CAPACITY), local=True)
         self._emb: np.ndarray | None = self.gguf.raw("token_embd.weight")
