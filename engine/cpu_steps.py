@@ -135,7 +135,7 @@ class _StepBuffers:
         ring = kv.ring is not None
         every = ring and not cfg.mixed_windows
         self.embeddings = np.zeros((b, s, cfg.d_model), f32)
-        self.mask = np.zeros((b, 1, s, kv.ring_rows if every else capacity), f32)
+        self.mask = np.zeros((b, 1, s, kv.ring_slots if every else capacity), f32)
         self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
         per = r // b
@@ -156,7 +156,7 @@ class _StepBuffers:
         }
         # Sliding layers' own mask and rotary tables, for models whose layers differ.
         # (aliases of the shared ones, never bound, for models without them)
-        swa_shape = (b, 1, s, kv.ring_rows)
+        swa_shape = (b, 1, s, kv.ring_slots)
         self.mask_swa = np.zeros(swa_shape, f32) if cfg.mixed_windows else self.mask
         self.slots_swa = self.slots.copy() if ring and cfg.mixed_windows else self.slots
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos

@@ -44,6 +44,11 @@ matmul each, biases ride in `MatMulNBits`' bias input, attention's 1/√dh is fo
 weights, and on the CPU residual adds fuse into `SkipSimplifiedLayerNormalization`
 (`GraphSpec.fused_norms`; the NPU rejects that op and gets Add + norm).
 
+Sliding-window layers may keep a ring of their own size instead of C rows (`GraphSpec.ring`,
+`kv_ring`): their `past_*_i` are `[B, Hkv, W, dh]`, their mask (`mask_swa`, or `mask` when every
+layer slides) covers those W columns (W + S in the static layout), and the CPU graph scatters
+their rows at `kv_slots_swa` (position mod W; `kv_slots` when every layer slides).
+
 S and C may be fixed (static graphs, what an NPU compiles) or left symbolic (`None`): on the CPU
 one symbolic graph serves prefill, decode and verify at every capacity from one session, so the
 weights are prepacked once (ONNX Runtime's Python API cannot share prepacked weights between

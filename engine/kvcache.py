@@ -8,7 +8,8 @@ them into the buffers itself. Rolling back (rejected draft tokens, an edited mes
 `n`; nothing is recomputed. Capacity variants keep attention cost proportional to what is used:
 the cache lives in the smallest listed capacity that fits and moves up with one copy.
 The buffers hold K/V in the cache's `kv_dtype` (`kv_layout`: f32, f16, or int8 with per-(token,
-head) scales in an array of their own, moved, swapped and exported with their rows).
+head) scales in an array of their own, moved, swapped and exported with their rows). Sliding-
+window layers keep only a ring of rows (`kv_ring`), so rolling back is bounded by what it holds.
 """
 
 from __future__ import annotations
@@ -84,9 +85,8 @@ class KVCache:
         self.k_scale: list[np.ndarray] = []  # int8: per-layer `[rows, Hkv, C, 1]` float32
         self.v_scale: list[np.ndarray] = []
         self.generation = 0  # bumped whenever the layout changes (rebind OrtValues)
-        self._pages = ReservedBuffer(
-            self._data_bytes(self.max_capacity) // self.dtype.itemsize, self.dtype
-        )
+        elements = self._data_bytes(self.max_capacity) // self.dtype.itemsize
+        self._pages = ReservedBuffer(elements, self.dtype)
         self._flat = self._pages.flat
         self._allocate(self.capacities[0])
 
@@ -113,21 +113,16 @@ class KVCache:
         return self.capacities[-1]
 
     @property
-    def ring_rows(self) -> int:
-        """Slots of a ring layer now (the capacity when there are no rings)."""
-        return self.ring.rows(self.capacity) if self.ring else self.capacity
-
-    @property
     def ring_slots(self) -> int:
         """Slots of a ring layer now; 0 without rings."""
-        return self.ring_rows if self.ring else 0
+        return self.ring.rows(self.capacity) if self.ring else 0
 
     def is_ring(self, layer: int) -> bool:
         return self.ring is not None and self.sliding[layer]
 
     def layer_rows(self, layer: int, capacity: int) -> int:
         """Slots layer `layer` holds at `capacity`."""
-        return self.ring.rows(capacity) if self.ring and self.sliding[layer] else capacity
+        return self.ring.rows(capacity) if self.ring and self.is_ring(layer) else capacity
 
     @property
     def bytes_per_token(self) -> int:
@@ -136,14 +131,15 @@ class KVCache:
 
     def bytes_for(self, capacity: int) -> int:
         """Bytes of all rows at `capacity` (int8: with their scales; ring layers: their ring)."""
-        per_slot = self.bytes_per_token // self.n_layers
-        slots = sum(self.layer_rows(i, capacity) for i in range(self.n_layers))
-        return per_slot * slots * self.rows
+        return self.bytes_per_token // self.n_layers * self._slots(capacity) * self.rows
+
+    def _slots(self, capacity: int) -> int:  # slots of one row in all layers at `capacity`
+        return sum(self.layer_rows(i, capacity) for i in range(self.n_layers))
 
     def _data_bytes(self, capacity: int) -> int:
         """Bytes of the K/V values alone (the reserved buffer) at `capacity`."""
-        slots = sum(self.layer_rows(i, capacity) for i in range(self.n_layers))
-        return 2 * slots * self.rows * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+        per_slot = 2 * self.n_kv_heads * self.head_dim * self.dtype.itemsize
+        return per_slot * self._slots(capacity) * self.rows
 
     def parts(self) -> list[list[np.ndarray]]:
         """The per-layer buffer lists, in `KVSnapshot.parts` order: K, V, then (int8) scales."""
@@ -196,20 +192,19 @@ class KVCache:
             views.append(flat[b : b + n].reshape(self.rows, self.n_kv_heads, c, dh))
         self.k, self.v = views[: self.n_layers], views[self.n_layers :]
         if self.kv_dtype == "int8":  # scales: 1/dh of the values in float32, plainly copied
-            self.k_scale = [self._moved_scales(a, i, used) for i, a in enumerate(self.k_scale)]
-            self.v_scale = [self._moved_scales(a, i, used) for i, a in enumerate(self.v_scale)]
-            if not self.k_scale:
-                shapes = [(*k.shape[:-1], 1) for k in self.k]
-                self.k_scale = [np.zeros(shape, np.float32) for shape in shapes]
-                self.v_scale = [np.zeros(shape, np.float32) for shape in shapes]
+            olds: list[np.ndarray | None] = [*self.k_scale, *self.v_scale]
+            olds = olds or [None] * (2 * self.n_layers)
+            new = [self._moved_scales(a, i % self.n_layers, used) for i, a in enumerate(olds)]
+            self.k_scale, self.v_scale = new[: self.n_layers], new[self.n_layers :]
         self.capacity = capacity
         self.generation += 1
 
-    def _moved_scales(self, old: np.ndarray, layer: int, used: int) -> np.ndarray:
+    def _moved_scales(self, old: np.ndarray | None, layer: int, used: int) -> np.ndarray:
         fresh = np.zeros((*self.k[layer].shape[:-1], 1), np.float32)
-        n = min(old.shape[2], fresh.shape[2])
-        n = n if self.is_ring(layer) else min(n, used)
-        fresh[:, :, :n] = old[:, :, :n]
+        if old is not None:
+            n = min(old.shape[2], fresh.shape[2])
+            n = n if self.is_ring(layer) else min(n, used)
+            fresh[:, :, :n] = old[:, :, :n]
         return fresh
 
     def _prefault(self, capacity: int) -> None:
@@ -256,7 +251,7 @@ class KVCache:
         if self.usable(n, row) != n:
             raise NpuchatError(
                 f"cannot roll back to {n}: the sliding-window layers no longer hold the rows "
-                f"before it (they keep the last {self.ring_rows}); prefill instead"
+                f"before it (they keep the last {self.ring_slots}); prefill instead"
             )
         self.lengths[row] = n
         if n == 0:
@@ -285,8 +280,7 @@ class KVCache:
 
     def slots(self, layer: int, at: int, count: int) -> slice | np.ndarray:
         """The slots of positions `at..at+count` in layer `layer` (a ring's wrap around)."""
-        if self.is_ring(layer):
-            assert self.ring is not None
+        if self.ring is not None and self.sliding[layer]:
             return self.ring.slots(np.arange(at, at + count))
         return slice(at, at + count)
 
@@ -388,9 +382,7 @@ class KVCache:
             raise NpuchatError(
                 f"cannot import KV at slot {at}: the cache holds {self.lengths[row]}"
             )
-        count = snap.length
-        end = at + count
-        floor = 0
+        end, floor = at + snap.length, 0
         if self.ring is not None:
             floor = max(self.ring_floor[row] if at else 0, snap.ring_from, end - self.ring.size)
             if usable_length(end, floor, self.ring.window) != end:
@@ -402,7 +394,7 @@ class KVCache:
         for dsts, srcs in zip(self.parts(), snap.parts(), strict=True):
             for i, (dst, src) in enumerate(zip(dsts, srcs, strict=True)):
                 if self.is_ring(i):  # only the rows the ring can hold, at their slots
-                    first = max(at, end - self.ring_rows)
+                    first = max(at, end - self.ring_slots)
                     dst[row][:, self.slots(i, first, end - first)] = src[0, :, first - at :]
                 else:
                     dst[row, :, at:end] = src[0]

@@ -7,9 +7,11 @@ table and a second mask (`cos_swa`/`sin_swa`, `mask_swa`; `ModelConfig.local_rop
 `ModelConfig.mixed_windows`). When every layer slides (Mistral-family files) the window goes into
 the one `mask`.
 
-A slot's position is its index in the cache (the cache holds positions 0..n-1 in order), so a
-sliding layer's mask is the causal mask with every column at distance ≥ `window` from the query
-row hidden, as llama.cpp's `is_masked_swa` (STANDARD) hides it: row p sees p-window+1..p.
+In a cache that holds every position in order (slot = position), a sliding layer's mask is the
+causal mask with every column at distance ≥ `window` from the query row hidden, as llama.cpp's
+`is_masked_swa` (STANDARD) hides it: row p sees p-window+1..p (`apply_window`). A cache whose
+sliding layers keep rings (`kv_ring`, what `Model` builds) masks their slots by the position
+each one holds instead.
 """
 
 from __future__ import annotations

@@ -231,9 +231,9 @@ class NpuGraphs:
 
     @staticmethod
     def _check_ring(g: _Bound, kv: KVCache) -> None:
-        if g.ring != (kv.ring_rows if kv.ring else 0):
+        if g.ring != kv.ring_slots:
             raise NpuchatError(
-                f"the NPU graphs keep {g.ring} ring slots, the cache {kv.ring_rows}; this is a bug"
+                f"the NPU graphs keep {g.ring} ring slots, the cache {kv.ring_slots}; this is a bug"
             )
 
     def step_batch(

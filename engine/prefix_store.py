@@ -3,7 +3,10 @@
 Entries form chains: an entry stores only the K/V rows past its parent, the longest entry that
 is a prefix of it, so a system prompt shared by many conversations is held once (prefix sharing).
 A lookup may use any entry partially: row i of a causal model's cache depends only on tokens
-0..i, so the first `lcp` rows of an entry are valid for every sequence sharing those tokens.
+0..i, so the first `lcp` rows of an entry are valid for every sequence sharing those tokens,
+as far as a cache can continue from them: an entry taken after a sliding-window layer's ring
+wrapped lacks that layer's older rows (`KVSnapshot.ring_from`, kept in the header on disk), and
+a prefix that needs them is not used (`kv_ring`).
 
 On disk, each persisted prefix is an `.npz` of its rows plus a JSON header with the tokens, the
 layout key (model, graphs, numerics: the graph cache key) and the sha256 of the `.npz` bytes. A

@@ -12,6 +12,7 @@ from typing import Any
 from npuchat.engine.events import Finished, SamplingParams, TokenDelta
 from npuchat.engine.model import Model
 from npuchat.engine.session import ChatSession
+from npuchat.engine.speculative import SpeculativeDecoder
 
 
 def complete_ids(session: ChatSession, ids: Sequence[int], params: SamplingParams) -> list[int]:
@@ -24,6 +25,26 @@ def complete_ids(session: ChatSession, ids: Sequence[int], params: SamplingParam
         last = ev
     assert isinstance(last, Finished), last
     return out
+
+
+def assert_speculation_exact(
+    session: ChatSession,
+    spec: SpeculativeDecoder,
+    prompts: Sequence[Sequence[int]],
+    plain: Sequence[list[int]],
+    params: SamplingParams,
+) -> tuple[int, int]:
+    """Each prompt through `session` with `spec` gives `plain`'s ids; (drafted, accepted)."""
+    drafted = accepted = 0
+    session.speculative = spec
+    try:
+        for p, ref in zip(prompts, plain, strict=True):
+            assert complete_ids(session, p, params) == ref
+            drafted += spec.stats.drafted
+            accepted += spec.stats.accepted
+    finally:
+        session.speculative = None
+    return drafted, accepted
 
 
 def decode_and_verify(m: Model, prompt: list[int], tokens: list[int]) -> list[tuple[Any, Any]]:

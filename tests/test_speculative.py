@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from speculative_steps import complete_ids, decode_and_verify
+from speculative_steps import assert_speculation_exact, complete_ids, decode_and_verify
 from synthetic import write_synthetic_gguf
 
 from npuchat.app.cli import main
@@ -144,15 +144,9 @@ def test_greedy_output_equals_target_only(
         other = Model.load(pair["other"], cache_dir=cache, capacities=[256])
         drafters.append(ModelDrafter(other, "other"))
     spec = SpeculativeDecoder(target.model, drafters, fixed_k=4)
-    target.speculative = spec  # not use_drafters: the shared draft model must stay open
-    drafted = accepted = 0
-    try:
-        for p, ref in zip(prompts, plain, strict=True):
-            assert complete_ids(target, p, GREEDY) == ref
-            drafted += spec.stats.drafted
-            accepted += spec.stats.accepted
+    try:  # not use_drafters: the shared draft model must stay open
+        drafted, accepted = assert_speculation_exact(target, spec, prompts, plain, GREEDY)
     finally:
-        target.speculative = None
         if other is not None:
             other.close()
     assert drafted > 0

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from speculative_steps import complete_ids
+from speculative_steps import assert_speculation_exact, complete_ids
 from synthetic import write_synthetic_gguf
 
 from npuchat.engine.drafters import ModelDrafter
@@ -65,15 +65,7 @@ def test_gemma_draft_greedy_equals_target_alone(
     target.speculative = None
     plain = [complete_ids(target, p, GREEDY) for p in prompts]
     spec = SpeculativeDecoder(target.model, [ModelDrafter(draft, "draft")], fixed_k=4)
-    target.speculative = spec
-    drafted = accepted = 0
-    try:
-        for p, ref in zip(prompts, plain, strict=True):
-            assert complete_ids(target, p, GREEDY) == ref
-            drafted += spec.stats.drafted
-            accepted += spec.stats.accepted
-    finally:
-        target.speculative = None
+    drafted, accepted = assert_speculation_exact(target, spec, prompts, plain, GREEDY)
     assert drafted > 0 and 0 < accepted < drafted  # drafts were both taken and rejected
 
 
