@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from .errors import NpuchatError
 from .gguf_reader import ModelConfig
 from .kvcache import KVCache
 from .layer_inputs import apply_window
@@ -69,6 +70,8 @@ class CpuSteps:
         buf.sin[:] = sin
         cfg, kv = self.cfg, self.kv
         ring = kv.ring
+        if ring is not None and s > ring.size - ring.window:  # would overwrite rows still seen
+            raise NpuchatError(f"a step of {s} rows is longer than the sliding-window rings allow")
         if ring is not None:  # sliding layers keep rings: their own slots and mask (`kv_ring`)
             buf.slots_swa[..., 2] = ring.slots(positions)[:, None, :]
             ring.fill_inplace_mask(buf.mask_swa, positions)

@@ -85,15 +85,24 @@ def test_logits_match_reference_across_many_wraps(model_path: Path, tmp_path: Pa
             _close(m.decode(seq[pos]), want[pos])
 
 
-def test_verify_equals_decode_bit_for_bit_after_wrapping(model_path: Path, tmp_path: Path) -> None:
-    """At the production int8 activations, after the ring wrapped several times."""
-    with _load(model_path, tmp_path, accuracy_level=4) as m:
+@pytest.mark.parametrize("kv_dtype", ["f32", "int8"])
+def test_verify_equals_decode_bit_for_bit_after_wrapping(
+    model_path: Path, tmp_path: Path, kv_dtype: str
+) -> None:
+    """At the production int8 activations, after the ring wrapped several times; int8 K/V
+    moves its scales through the ring with its rows."""
+    with _load(model_path, tmp_path, accuracy_level=4, kv_dtype=kv_dtype) as m:
         for ref, row in decode_and_verify(m, _tokens(37, 3), _tokens(4, 4)):
             assert np.array_equal(ref, row)
 
 
 def test_rolling_back_past_the_ring_is_refused(model_path: Path, tmp_path: Path) -> None:
+    """And a step longer than the ring's spare slots is refused (it would overwrite rows its
+    own first queries still see)."""
     with _load(model_path, tmp_path) as m:
+        with pytest.raises(NpuchatError, match="longer than the sliding-window rings"):
+            m.step_rows([_tokens(CHUNK + 1, 5)])
+        assert m.n_past == 0
         m.prefill(_tokens(40, 5))
         assert m.usable(40) == 40 and m.usable(37) == 37  # the last rows are all there
         assert m.usable(20) == 0  # positions 17..19 were overwritten long ago

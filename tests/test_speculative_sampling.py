@@ -44,6 +44,9 @@ class MarkovModel:
     def rollback(self, n: int, row: int = 0) -> None:
         del self.tokens[n:]
 
+    def usable(self, n: int, row: int = 0, ring_from: int | None = None) -> int:
+        return min(n, len(self.tokens))  # no sliding window: every prefix can be continued
+
     def prefill(self, ids: Sequence[int], row: int = 0) -> np.ndarray:
         self.tokens.extend(ids)
         return self.table[self.tokens[-1]].copy()
