@@ -161,3 +161,22 @@ def test_park_and_batched_steps_after_wrapping(model_path: Path, tmp_path: Path)
             out = m.step_rows([chunk, [a[31 + j]]], first_row=0)
             _close(out[0], want_c[5 + 4 * j])
             _close(out[1], want_a[31 + j])
+
+
+def test_capacities_below_the_ring_grow_into_it_and_back(model_path: Path, tmp_path: Path) -> None:
+    """At capacity 6 a ring layer holds 6 slots (slot = position); moving to 32 makes it a
+    ring of 8, and after a new conversation the cache moves back down: each layout gives the
+    reference's logits."""
+    seq, other = _tokens(30, 10), _tokens(20, 11)
+    ref = ReferenceModel(model_path)
+    want, want_other = ref.logits(seq), ref.logits(other)
+    with _load(model_path, tmp_path, capacities=[6, 32]) as m:
+        _close(m.prefill(seq[:5]), want[4])
+        assert m.capacity == 6
+        for pos in range(5, 30):  # 6 -> 32 at position 6, then wraps of the 8-slot ring
+            _close(m.decode(seq[pos]), want[pos])
+        m.rollback(0)
+        _close(m.prefill(other[:4]), want_other[3])
+        assert m.capacity == 6
+        for pos in range(4, 20):
+            _close(m.decode(other[pos]), want_other[pos])
