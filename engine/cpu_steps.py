@@ -159,7 +159,7 @@ class _StepBuffers:
         }
         # Sliding layers' own mask and rotary tables, for models whose layers differ.
         # (aliases of the shared ones, never bound, for models without them)
-        swa_shape = (b, 1, s, kv.ring_slots)
+        swa_shape = (b, 1, s, kv.ring_slots or capacity)  # a cache without rings: C
         self.mask_swa = np.zeros(swa_shape, f32) if cfg.mixed_windows else self.mask
         self.slots_swa = self.slots.copy() if ring and cfg.mixed_windows else self.slots
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
