@@ -9,6 +9,8 @@ rows land in the cache with no copy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
@@ -34,6 +36,7 @@ class CpuSteps:
         self._bound_step: tuple[int, ...] | None = None  # (B, S, R, P, cache generation)
         self._steps: dict[tuple[int, int, int, int], _StepBuffers] = {}
         self._cache_values: list[ort.OrtValue] = []
+        self._row_values: list[ort.OrtValue] = []  # a mixed step's row selection (`_bind_rows`)
 
     def close(self) -> None:
         """Drop the binding before the session: ONNX Runtime's IOBinding points into its
@@ -55,16 +58,21 @@ class CpuSteps:
         logit_rows: int,
         pad: int,
         local: tuple[np.ndarray, np.ndarray],
+        real: Sequence[int] | None = None,
         run_options: ort.RunOptions | None = None,
     ) -> np.ndarray:
         """One run: `embeddings` `[B, S, D]`, `cos`/`sin` `[B, S, dh/2]`, `positions` `[B, S]`
         (the slots the new rows go to, in cache rows `first_row..+B`); logits of the last
         `logit_rows` rows of each sequence, `[B·logit_rows, vocab]`. `pad`: rows run twice by
         the matmuls whose one-row kernel differs (`graph_ops.RowPad`). `local`: the sliding
-        layers' (cos, sin), shaped as `cos`, used by models with their own. `run_options`: a
-        run that can be ended early (`run_abort`)."""
+        layers' (cos, sin), shaped as `cos`, used by models with their own. `real`: how many
+        of each sequence's S rows are tokens (the last ones; the others are left padding the
+        matmuls skip, `graph_builder`); all when None. `run_options`: a run that can be ended
+        early (`run_abort`)."""
         b, s = embeddings.shape[:2]
         buf = self._bind(b, s, b * logit_rows, pad, first_row)
+        if real is not None:
+            self._bind_rows(b, s, logit_rows, real)
         buf.embeddings[:] = embeddings
         buf.cos[:] = cos
         buf.sin[:] = sin
@@ -90,6 +98,31 @@ class CpuSteps:
             kv.note_written(first_row + j, int(positions[j].max()) + 1)
         self.session.run_with_iobinding(self.io, run_options)  # K/V rows into the cache
         return buf.logits.copy()
+
+    def _bind_rows(self, b: int, s: int, per: int, real: Sequence[int]) -> None:
+        """Bind the row selection of a step whose sequences have `real[j]` tokens each (the
+        last of their S rows): `token_rows`, `row_tokens` (a pad row copies its sequence's
+        first token) and the logit rows among the N tokens. The step's own (identity) arrays
+        are bound again by the next `_bind`."""
+        if len(real) != b or not all(per <= k <= s for k in real):
+            raise ValueError(f"real token counts {list(real)} do not fit {b} rows of {s}")
+        ends = np.cumsum(real)
+        starts = ends - np.asarray(real)
+        token_rows = np.concatenate([j * s + np.arange(s - k, s) for j, k in enumerate(real)])
+        row_tokens = np.concatenate(
+            [
+                np.concatenate([np.full(s - k, a), np.arange(a, a + k)])
+                for a, k in zip(starts, real, strict=True)
+            ]
+        )
+        logit_rows = (ends[:, None] - per + np.arange(per)[None, :]).reshape(-1)
+        value = ort.OrtValue.ortvalue_from_numpy
+        self._row_values = [value(a.astype(np.int64)) for a in (token_rows, row_tokens, logit_rows)]
+        for name, v in zip(
+            ("token_rows", "row_tokens", "logit_rows"), self._row_values, strict=True
+        ):
+            self.io.bind_ortvalue_input(name, v)
+        self._bound_step = None
 
     def _bind(self, b: int, s: int, r: int, p: int, first_row: int) -> _StepBuffers:
         """Bind cache rows `first_row..+b` and this step shape's buffers; a no-op when nothing
@@ -156,6 +189,8 @@ class _StepBuffers:
             "logit_rows": value(self.rows),
             "kv_slots": value(self.slots),
             "pad_rows": value(np.zeros(p, np.int64)),  # row 0 again, or nothing (`RowPad`)
+            "token_rows": value(np.arange(b * s, dtype=np.int64)),  # every row a token
+            "row_tokens": value(np.arange(b * s, dtype=np.int64)),
         }
         # Sliding layers' own mask and rotary tables, for models whose layers differ.
         # (aliases of the shared ones, never bound, for models without them)

@@ -10,7 +10,7 @@ is one row of the batch dimension and of the cache, with its own positions and m
   slots followed by the S new rows (causal among themselves);
 * `cos`, `sin` `[B, S, dh/2]` — rotary tables for each row's S positions, computed on the host;
 * `logit_rows` int64 `[R]` — which of the B·S rows (row-major) get logits (prefill: the last of
-  each sequence; verify: all);
+  each sequence; verify: all); with `token_rows`, which of those N rows;
 * `past_k_i`, `past_v_i` `[B, Hkv, C, dh]` — the cache rows of the B sequences, read only.
 
 Outputs: `logits` `[R, vocab]` and `new_k_i`, `new_v_i` `[B, Hkv, S, dh]` — only the new
@@ -37,6 +37,14 @@ channel (`GraphSpec.kv_dtype`, `kv_layout`, `kv_smoothing`): the scatter then wr
 rows (and, for int8, `past_*_i_scale` inputs /
 `present_*_i_scale` outputs `[B, Hkv, C, 1]`, bound in place the same way) and attention reads
 the cache back as float32.
+
+The CPU graph also takes `token_rows` int64 `[N]` (which of the B·S rows are real tokens) and
+`row_tokens` int64 `[B·S]` (which of those N tokens each row of the rectangle copies): the
+residual stream and every matmul run on the N real rows only, and the rectangle is rebuilt for
+attention (`Gather` by `row_tokens`) and left again after it. A step that mixes a prefill chunk of
+S tokens with decode tokens of other sequences then costs S + decodes rows of matmuls instead of
+B·S (the left-padded rows of the decode sequences); a plain step passes the identity (two
+Gathers per layer).
 
 Every op costs ~2–5 µs of dispatch on this CPU whatever its size, and SmolLM2 runs 30 layers per
 token in a ~8 ms budget, so the graph is built for few ops: Q/K/V and gate/up are one fused
@@ -116,6 +124,7 @@ class GraphSpec:
     batch: int | None = 1  # B sequences side by side, each its own cache row (`None` = symbolic)
     kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
     ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
+    row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
 
     @classmethod
     def cpu(cls, accuracy_level: int, kv_dtype: str = "f32", ring: bool = False) -> GraphSpec:
@@ -132,6 +141,7 @@ class GraphSpec:
             batch=None,
             kv_dtype=kv_dtype,
             ring=ring,
+            row_select=True,
         )
 
     @classmethod
@@ -157,8 +167,9 @@ class GraphSpec:
         )
 
     def key(self) -> dict[str, Any]:
-        """The spec as the compile-cache key sees it; f32 K/V (the graphs before the field
-        existed, byte for byte) leave `kv_dtype` out, so their cached builds stay valid."""
+        """The spec as the compile-cache key sees it; fields at the value that builds the
+        graphs from before the field existed (f32 K/V, no row selection) are left out, so
+        those cached builds (the NPU's compiled ones) stay valid."""
         key = asdict(self)
         if key["kv_dtype"] == "f32":
             del key["kv_dtype"]
@@ -166,6 +177,8 @@ class GraphSpec:
             key["k_smoothing"] = K_SMOOTHING
         if key["ring"] is False:
             del key["ring"]
+        if not key["row_select"]:
+            del key["row_select"]
         return key
 
 
@@ -226,6 +239,9 @@ def make_graph(
             inputs.append(_value_info("kv_slots_swa", [b_dim, hkv, s_dim, 3], TensorProto.INT64))
     if spec.row_padding:
         inputs.append(_value_info("pad_rows", ["P"], TensorProto.INT64))
+    if spec.row_select:
+        inputs.append(_value_info("token_rows", ["N"], TensorProto.INT64))
+        inputs.append(_value_info("row_tokens", ["BS"], TensorProto.INT64))
     outputs = [_value_info("logits", [r_dim, cfg.vocab_size])]
     out_prefix = "present" if inplace else "new"
     for i in range(cfg.n_layers):
@@ -290,6 +306,8 @@ def make_graph(
     # The residual stream is 2-D [B·S, D] (MatMulNBits and the norms take it; Gemm needs it):
     # the matmuls see the batch's rows as one, so the weights are read once per step.
     x, delta = gr.op("Reshape", ["embeddings", gr.ints([-1, d])]), None
+    if spec.row_select:  # the N real rows only (module doc)
+        x = gr.op("Gather", [x, "token_rows"], axis=0)
     if cfg.embed_scale != 1.0:
         x = gr.op("Mul", [x, gr.scalar(cfg.embed_scale)])
     pad = RowPad(gr.op("Shape", [x], start=0, end=1)) if spec.row_padding else None
@@ -317,6 +335,8 @@ def make_graph(
         mask = masks[local and cfg.mixed_windows]
         n1, x = norm(x, layer.attn_norm, delta)
         qkv = linear(gr, n1, layer.qkv, level, pad)
+        if spec.row_select:  # back to the B·S rows attention takes
+            qkv = gr.op("Gather", [qkv, "row_tokens"], axis=0)
         q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
         # Q [B·S,H·dh] -> [B,H,S,dh] -> rotary -> [B,Hkv,G·S,dh] (rows g·S + s, as Tile(mask))
         q = split_heads(q, h, layer.q_norm)
@@ -338,6 +358,8 @@ def make_graph(
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])
         att = gr.op("Transpose", [att], perm=[0, 2, 1, 3])
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])
+        if spec.row_select:
+            att = gr.op("Gather", [att, "token_rows"], axis=0)
         attn_out = post_norm(linear(gr, att, layer.out, level, pad), layer.post_attn_norm)
         n2, x = norm(x, layer.ffn_norm, attn_out)
         gu = linear(gr, n2, layer.gate_up, level, pad, keep_pad=True)

@@ -340,7 +340,8 @@ class Model:
 
         Rows shorter than the longest are left-padded: the pad rows sit at slots past the
         row's new tokens (never attended by them, overwritten by later tokens), so each real
-        row is computed as it is in a decode or prefill step of its own.
+        row is computed as it is in a decode or prefill step of its own. The matmuls skip the
+        pad rows (`CpuSteps.run`'s `real`): the step costs the rows it computes.
         """
         rows_ids = [self._check_ids(r) for r in ids]
         b = len(rows_ids)
@@ -358,11 +359,11 @@ class Model:
             k = len(row_ids)
             pos[j] = np.concatenate([np.arange(n + k, n + s), np.arange(n, n + k)])
             emb[j, s - k :] = self.embed(row_ids)
-            emb[j, : s - k] = emb[j, s - k]  # pad rows: a real row's values, so all stay finite
         cos, sin = self._cos[pos], self._sin[pos]
         local = (self._cos_swa[pos], self._sin_swa[pos])
         pad = 1 if self.exact_decode and b == 1 else 0  # one logit row
-        logits = self._cpu.run(emb, cos, sin, pos, first_row, 1, pad, local)
+        real = [len(r) for r in rows_ids]
+        logits = self._cpu.run(emb, cos, sin, pos, first_row, 1, pad, local, real=real)
         for j, row_ids in enumerate(rows_ids):
             kv.lengths[first_row + j] += len(row_ids)
         return logits
@@ -404,7 +405,7 @@ class Model:
             s if all_rows else 1,
             pad,
             (self._cos_swa[pos][None], self._sin_swa[pos][None]),
-            run,
+            run_options=run,
         )
         kv.lengths[row] = n + s
         return logits

@@ -27,12 +27,13 @@ Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
   interactive decode batch (a batch row costs far less than a step of its own); a background
   prefill chunk gets one step in `BACKGROUND_EVERY` while interactive streams decode;
 * when decodes and a prompt both wait, they share mixed steps, the chunk sized from measured
-  times so a mixed step costs about `MIX_TARGET` decode steps (`_tune_mix`): a stream's next
+  times so a mixed step costs about `MIX_TARGET` decode steps (`step_costs`): a stream's next
   token then never waits more than about twice its usual time. A step costs a fixed part
   (reading the weights) plus a part per row, so alternating a decode step with a prefill chunk
-  of its own could never keep that bound. On the NPU they alternate, the chunk sized to cost
-  about one decode step (`chunk_tokens`); with nothing decoding, chunks are the model's full
-  prefill chunk;
+  of its own could never keep that bound. One step in `REFRESH_EVERY` is a plain decode, so
+  the decode time the chunk is sized from stays current. On the NPU they alternate, the
+  chunk sized to cost about one decode step (`step_costs`); with nothing decoding, chunks are
+  the model's full prefill chunk;
 * cancel: a prefill checks its request's cancel event between chunks, and a chunk run alone
   is ended by it while it runs (`run_abort`);
 * a parked sequence (`Sequence.park`: its row given to an interactive request) has its steps
@@ -55,11 +56,11 @@ from typing import Literal
 
 import numpy as np
 
-from .drafters import ema
 from .errors import NpuchatError, RequestCancelled
 from .model import Model
 from .run_abort import abortable
 from .sequence import Sequence, SlotTable
+from .step_costs import StepCosts
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ __all__ = ["StepScheduler"]
 GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
 LATE_S = 0.03  # how long a step waits for a streaming sequence's next decode step
 BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
-MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many decode steps
 _PARKED_POLL_S = 0.05  # how often a parked sequence's cancel is looked at
 StepKind = Literal["prefill", "decode", "verify"]
 INTERACTIVE, BACKGROUND = 0, 1
@@ -110,9 +110,7 @@ class StepScheduler:
         self._order = 0
         self._turn = 0  # engine steps run, for turn-taking
         self._last: StepKind | None = None
-        self._t_decode: float | None = None  # seconds per batched decode step (EMA)
-        self._t_token: float | None = None  # seconds per prefill token in a chunk (EMA)
-        self._mix_tokens = 4  # prefill tokens in a mixed step (`_tune_mix`)
+        self.costs = StepCosts(model.prefill_chunk)  # step times, and the chunks they allow
         self._closed = False
         self.steps: list[tuple[str, object, int]] = []  # (kind, rows or tokens, priority): tests
         self.record_steps = False
@@ -261,8 +259,10 @@ class StepScheduler:
             if p.priority == INTERACTIVE and not interactive_streams:
                 return self._prefill_choice(p, full=True)  # background waits (paused)
             if p.priority == INTERACTIVE or not interactive_streams:
-                if decodes and self.model.mixes_steps:
+                if decodes and self.model.mixes_steps and not self.costs.needs_refresh:
                     return self._mixed_choice(p, decodes)
+                if decodes and self.model.mixes_steps:  # a plain step: a current decode time
+                    return _Choice("decode", decodes[: self.model.batch_max], True)
                 if self._last != "prefill" or not decodes:
                     return self._prefill_choice(p, full=False)
             elif not decodes or (self._turn % BACKGROUND_EVERY == 0 and self._last == "decode"):
@@ -277,37 +277,18 @@ class StepScheduler:
 
     def _prefill_choice(self, step: _Step, full: bool) -> _Choice:
         left = len(step.ids) - step.offset
-        n = left if full else min(left, self.chunk_tokens())
+        n = left if full else min(left, self.costs.chunk_tokens())
         n = min(n, self.model.prefill_chunk) if full else n
         return _Choice("prefill", [step], step.offset + n >= len(step.ids), n)
 
     def _mixed_choice(self, prefill: _Step, decodes: list[_Step]) -> _Choice:
         """The decode steps and a chunk of the prefill in one engine step, the chunk sized so
-        the step costs at most about two decode steps (`_tune_mix`)."""
+        the step costs about `MIX_TARGET` decode steps of those rows (`StepCosts`)."""
         rows = decodes[: self.model.batch_max - 1]
         room = self.model.max_capacity - max(self.model.length(d.seq.row) for d in rows)
         left = len(prefill.ids) - prefill.offset
-        n = max(1, min(left, self._mix_tokens, room))
+        n = max(1, min(left, self.costs.mix_tokens(len(rows)), room))
         return _Choice("mixed", [*rows, prefill], prefill.offset + n >= len(prefill.ids), n)
-
-    def _tune_mix(self, seconds: float) -> None:
-        """Grow or shrink the mixed chunk to keep a mixed step near `MIX_TARGET` decode steps:
-        a stream's token then never waits more than about twice its usual time."""
-        if self._t_decode is None:
-            return
-        ratio = seconds / self._t_decode
-        if ratio > MIX_TARGET * 1.15:
-            self._mix_tokens = max(1, int(self._mix_tokens * 0.75))
-        elif ratio < MIX_TARGET * 0.85:
-            self._mix_tokens = min(
-                self.model.prefill_chunk, self._mix_tokens + 1 + self._mix_tokens // 4
-            )
-
-    def chunk_tokens(self) -> int:
-        """Prefill tokens that cost about one decode step (measured), at least one."""
-        if self._t_decode is None or self._t_token is None or self._t_token <= 0:
-            return min(8, self.model.prefill_chunk)
-        return int(max(1, min(self.model.prefill_chunk, self._t_decode / self._t_token)))
 
     def _run(self, chosen: _Choice) -> None:
         self._turn += 1
@@ -348,7 +329,7 @@ class StepScheduler:
         steps.sort(key=lambda s: s.seq.row)
         t0 = self.clock()
         logits = self.model.decode_batch([s.ids[0] for s in steps], first_row=0)
-        self._t_decode = ema(self._t_decode, self.clock() - t0, 0.3)
+        self.costs.decoded(len(steps), self.clock() - t0)
         for j, step in enumerate(steps):
             step.result = logits[j]
         if self.record_steps:
@@ -362,7 +343,7 @@ class StepScheduler:
         chunk = prefill.ids[prefill.offset : prefill.offset + n]
         t0 = self.clock()
         logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order])
-        self._tune_mix(self.clock() - t0)
+        self.costs.mixed(len(decodes), n, self.clock() - t0)
         for j, step in enumerate(order):
             step.result = logits[j]
         prefill.offset += n
@@ -374,8 +355,7 @@ class StepScheduler:
         t0 = self.clock()
         with abortable(step.cancel) as run_options:  # a chunk of this sequence alone
             logits = self.model.prefill(chunk, row=step.seq.row, run_options=run_options)
-        if len(chunk) >= 2:
-            self._t_token = ema(self._t_token, (self.clock() - t0) / len(chunk), 0.3)
+        self.costs.prefilled(len(chunk), self.clock() - t0)
         step.offset += n
         step.result = logits
         if self.record_steps:
