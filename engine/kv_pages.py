@@ -57,6 +57,16 @@ class ReservedBuffer:
         self._prefaulting.start()
         self._prefaulted = end
 
+    def ready(self, start: int, end: int) -> bool:
+        """Whether the pages up to element `end` are resident; when not, those of `[start,
+        end)` are faulted in (background; asked again while a smaller range is running)."""
+        if self._prefaulting is not None and not self._prefaulting.is_alive():
+            self.join()
+        if end > self._prefaulted:
+            self.prefault(max(start, self._prefaulted), end)
+            return False
+        return self._prefaulting is None
+
     def join(self) -> None:
         if self._prefaulting is not None:
             self._prefaulting.join()

@@ -85,6 +85,7 @@ class KVCache:
         self.k_scale: list[np.ndarray] = []  # int8: per-layer `[rows, Hkv, C, 1]` float32
         self.v_scale: list[np.ndarray] = []
         self.generation = 0  # bumped whenever the layout changes (rebind OrtValues)
+        self.held = 0  # slots the capacity keeps room for whatever the rows hold (`hold`)
         elements = self._data_bytes(self.max_capacity) // self.dtype.itemsize
         self._pages = ReservedBuffer(elements, self.dtype)
         self._flat = self._pages.flat
@@ -214,6 +215,21 @@ class KVCache:
             self._data_bytes(self.capacity) // size, self._data_bytes(capacity) // size
         )
 
+    def prepare(self, needed: int) -> bool:
+        """Whether the capacity for `needed` slots can be moved to without faulting its pages
+        in at a step; when not yet, they are faulted in off the step path (a long prompt read
+        beside streaming replies waits for that, then the cache moves once: `hold`)."""
+        best = next((c for c in self.capacities if c >= needed), self.max_capacity)
+        start, end = (self._data_bytes(c) // self.dtype.itemsize for c in (self.capacity, best))
+        return best <= self.capacity or self._pages.ready(start, end)
+
+    def hold(self, slots: int) -> None:
+        """Keep room for `slots` (0: none) whatever the rows hold, so a prompt read in parts
+        does not move the cache at every capacity it passes."""
+        self.held = min(int(slots), self.max_capacity)
+        if self.held > self.capacity:
+            self.ensure(self.held)
+
     def ensure(self, needed: int) -> None:
         """Move to the smallest capacity that holds `needed` slots and every row (one copy).
 
@@ -225,7 +241,7 @@ class KVCache:
                 f"the context is full ({needed} tokens needed, {self.max_capacity} fit); "
                 "start a new conversation or load the model with a larger capacity"
             )
-        best = next(c for c in self.capacities if c >= max(needed, *self.lengths))
+        best = next(c for c in self.capacities if c >= max(needed, self.held, *self.lengths))
         if best != self.capacity:
             self._allocate(best)
         bigger = [c for c in self.capacities if c > self.capacity]

@@ -222,13 +222,11 @@ class Model:
         """K/V bytes one token takes in the cache (every layer, int8 scales included)."""
         return self._kv.bytes_per_token
 
-    def length(self, row: int = 0) -> int:
-        """Valid K/V slots of cache row `row`."""
+    def length(self, row: int = 0) -> int:  # valid K/V slots of cache row `row`
         return self._kv.lengths[row]
 
     @property
-    def graph_builds(self) -> int:
-        """Graph folders built by this load (0 when the compile cache served it)."""
+    def graph_builds(self) -> int:  # graph folders built by this load (0: the cache had them)
         return self._graph_cache.builds
 
     def rollback(self, n: int, row: int = 0) -> None:
@@ -244,6 +242,14 @@ class Model:
 
     def kv_import(self, snap: KVSnapshot, at: int, row: int = 0) -> None:
         self._kv.import_(snap, at, row)
+
+    def reserve(self, slots: int) -> bool:
+        """Keep room for `slots` (0: release): False while its pages are faulted in off the
+        step path, after which the cache moves there once and stays (`KVCache.prepare`)."""
+        if slots and not self._kv.prepare(slots):
+            return False
+        self._kv.hold(slots)
+        return True
 
     def swap_rows(self, a: int, b: int) -> None:
         """Exchange two KV slots' contents (the scheduler keeps a batch's rows contiguous)."""
@@ -279,11 +285,9 @@ class Model:
         if not ids:
             raise NpuchatError("prefill needs at least one token")
         self._kv.ensure(self._kv.lengths[row] + len(ids))
-        logits = None
-        for start in range(0, len(ids), self.prefill_chunk):
+        for start in range(0, len(ids), self.prefill_chunk):  # ids is not empty
             chunk = ids[start : start + self.prefill_chunk]
             logits = self._step(chunk, all_rows=False, row=row, run=run_options)
-        assert logits is not None
         return logits[0]
 
     def decode(self, token: int, row: int = 0) -> np.ndarray:
@@ -329,9 +333,7 @@ class Model:
         return logits
 
     @property
-    def mixes_steps(self) -> bool:
-        """Whether `step_rows` can run prefill chunks and decode tokens in one step (the CPU's
-        symbolic graph takes any shape; the NPU's static ones do not)."""
+    def mixes_steps(self) -> bool:  # `step_rows` runs on the CPU's symbolic graph only
         return self._npu is None
 
     def step_rows(self, ids: Sequence[Sequence[int]], first_row: int = 0) -> np.ndarray:

@@ -69,6 +69,7 @@ __all__ = ["StepScheduler"]
 GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
 LATE_S = 0.03  # how long a step waits for a streaming sequence's next decode step
 BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
+_ROOM_SPARE = 16  # slots reserved past what a mixed-in prompt and its streams will reach
 _PARKED_POLL_S = 0.05  # how often a parked sequence's cancel is looked at
 StepKind = Literal["prefill", "decode", "verify"]
 INTERACTIVE, BACKGROUND = 0, 1
@@ -302,9 +303,13 @@ class StepScheduler:
                     step = chosen.steps[0]
                     step.result = self.model.verify(step.ids, row=step.seq.row)
                 elif chosen.kind == "mixed":
-                    self._run_mixed(chosen.steps, chosen.tokens)
+                    if not self._run_mixed(chosen.steps, chosen.tokens):
+                        chosen.finishes = False  # the prompt waits for its room (`_make_room`)
+                        self._repend(chosen.steps[-1])
                 else:
                     self._run_prefill(chosen.steps[0], chosen.tokens)
+                if chosen.finishes and chosen.steps[-1].kind == "prefill":
+                    self.model.reserve(0)
             self._last = "prefill" if chosen.kind == "prefill" else "decode"
         except BaseException as exc:  # handed to the waiting request thread
             for step in chosen.steps:
@@ -315,6 +320,9 @@ class StepScheduler:
                     if last in self._pending:
                         self._pending.remove(last)
                 chosen.finishes = True
+            if last.kind == "prefill":
+                with self.lock:
+                    self.model.reserve(0)
         for step in chosen.steps:  # an unfinished prefill waits for its next chunk
             if step.kind != "prefill" or chosen.finishes:
                 step.done.set()
@@ -335,9 +343,29 @@ class StepScheduler:
         if self.record_steps:
             self.steps.append(("decode", len(steps), min(s.priority for s in steps)))
 
-    def _run_mixed(self, steps: list[_Step], n: int) -> None:
-        """Decode steps plus `n` tokens of the last step's prefill, in one graph run."""
+    def _repend(self, step: _Step) -> None:
+        with self._cv:
+            if step not in self._pending:
+                self._pending.append(step)
+
+    def _make_room(self, decodes: list[_Step], prefill: _Step) -> bool:
+        """Reserve the capacity the prompt and the streams will reach while it is read in
+        mixed steps (`Model.reserve`): the cache then moves once, at a step where little is
+        in it, instead of at each capacity on the way, which costs the streams a step's
+        worth of copying each time. False while its pages are still being faulted in."""
+        left = len(prefill.ids) - prefill.offset
+        steps = left // max(1, self.costs.mix_tokens(len(decodes)))  # tokens each stream adds
+        ends = [self.model.length(d.seq.row) + steps for d in decodes]
+        need = max(self.model.length(prefill.seq.row) + left, *ends) + _ROOM_SPARE
+        return self.model.reserve(min(need, self.model.max_capacity))
+
+    def _run_mixed(self, steps: list[_Step], n: int) -> bool:
+        """Decode steps plus `n` tokens of the last step's prefill, in one graph run; only
+        the decode steps (False) while the room for the prompt is being made ready."""
         *decodes, prefill = steps
+        if not self._make_room(decodes, prefill):
+            self._run_decode(decodes)
+            return False
         self._contiguous(steps)
         order = sorted(steps, key=lambda s: s.seq.row)
         chunk = prefill.ids[prefill.offset : prefill.offset + n]
@@ -349,6 +377,7 @@ class StepScheduler:
         prefill.offset += n
         if self.record_steps:
             self.steps.append(("mixed", (len(decodes), n), min(s.priority for s in steps)))
+        return True
 
     def _run_prefill(self, step: _Step, n: int) -> None:
         chunk = step.ids[step.offset : step.offset + n]
