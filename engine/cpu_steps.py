@@ -41,7 +41,9 @@ class CpuSteps:
     def close(self) -> None:
         """Drop the binding before the session: ONNX Runtime's IOBinding points into its
         session, and freeing them the other way round (the order Python drops attributes in)
-        intermittently aborted the process at exit ("free(): invalid pointer")."""
+        intermittently aborted the process at exit ("free(): invalid pointer"). Runs once."""
+        if not hasattr(self, "io"):
+            return
         self.io.clear_binding_inputs()
         self.io.clear_binding_outputs()
         del self.io

@@ -16,6 +16,7 @@ speculation, batching that changes nothing): the `graph_ops` module doc says how
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -47,11 +48,16 @@ class Model:
     config: ModelConfig
     sha256: str
     path: Path
+    device: str
+    batch_max: int  # KV slots: sequences the cache holds side by side
+    prefill_chunk: int
+    verify_k: int
 
     def __init__(self) -> None:  # use Model.load
         self._session: ort.InferenceSession | None = None
         self._npu: NpuGraphs | None = None  # device "npu": compiled static graphs instead
         self._cpu: CpuSteps | None = None
+        self._unbind: weakref.finalize | None = None  # CpuSteps.close, at close or at exit
         self._gguf: GGUFFile | None = None
         self.released_bytes = 0  # weight-file pages given back after the CPU session loaded
 
@@ -89,21 +95,12 @@ class Model:
             raise NpuchatError("the NPU graphs keep f32 K/V; use kv_dtype f32 with device npu")
         self = cls()
         self.path = Path(gguf_path).expanduser().resolve()
+        self.device, self.batch_max = device, int(batch_max)
+        self.prefill_chunk, self.verify_k = int(prefill_chunk), int(verify_k)
         self._gguf = GGUFFile(self.path)
         try:
-            self._open(
-                Path(cache_dir),
-                device,
-                prefill_chunk,
-                verify_k,
-                capacities,
-                threads,
-                report,
-                accuracy_level,
-                npu_options,
-                batch_max,
-                kv_dtype,
-            )
+            opts = (capacities, threads, report, accuracy_level, npu_options, kv_dtype)
+            self._open(Path(cache_dir), *opts)
         except BaseException:
             self.close()
             raise
@@ -112,23 +109,16 @@ class Model:
     def _open(
         self,
         cache_dir: Path,
-        device: str,
-        prefill_chunk: int,
-        verify_k: int,
         capacities: Sequence[int] | None,
         threads: int | None,
         report: Progress,
         accuracy_level: int,
-        npu_options: QnnOptions | None = None,
-        batch_max: int = 1,
-        kv_dtype: str = "f32",
+        npu_options: QnnOptions | None,
+        kv_dtype: str,
     ) -> None:
         assert self._gguf is not None
         self.config = cfg = self._gguf.config
-        self.batch_max = int(batch_max)
-        self.device = device
-        self.prefill_chunk = int(prefill_chunk)
-        self.verify_k = int(verify_k)
+        device = self.device
         # Full attention is exact only up to a sliding window the graphs do not apply (Phi-3's);
         # the windows of the other archs are in their masks (`layer_inputs`).
         window = int(self._gguf.metadata.get(f"{cfg.arch}.attention.sliding_window", 0) or 0)
@@ -186,6 +176,8 @@ class Model:
             self.load_seconds = time.perf_counter() - t0
         if self._session is not None:
             self._cpu = CpuSteps(self._session, cfg, self._kv)
+            # a model never closed still drops its bindings first, at exit (`CpuSteps.close`)
+            self._unbind = weakref.finalize(self, self._cpu.close)
         self.exact_decode = device != "npu"  # pad decode steps (a draft turns it off)
         emb = self._gguf.tensors["token_embd.weight"]
         raw = self._gguf.raw("token_embd.weight")
@@ -256,9 +248,10 @@ class Model:
         self._kv.swap(a, b)
 
     def close(self) -> None:
-        for steps in (self._cpu, self._npu):
-            if steps is not None:
-                steps.close()  # the bindings go before the sessions
+        if self._unbind is not None:
+            self._unbind()  # the bindings go before the sessions (and the finalizer lets go)
+        if self._npu is not None:
+            self._npu.close()
         self._cpu, self._session, self._npu = None, None, None
         gguf = getattr(self, "_gguf", None)
         if gguf is not None:
