@@ -76,7 +76,7 @@ class CostModel:
             self.lengths[first_row + j] += len(r)
         return np.zeros((len(ids), 8), np.float32)
 
-    def prefill(self, ids: list[int], row: int = 0) -> np.ndarray:
+    def prefill(self, ids: list[int], row: int = 0, run_options: object = None) -> np.ndarray:
         self.extra += DECODE_S + TOKEN_S * len(ids)
         self.lengths[row] += len(ids)
         return np.zeros(8, np.float32)
@@ -112,7 +112,9 @@ def run_paste(model: CostModel) -> tuple[list[float], float, float]:
 
         t = threading.Thread(target=decode, daemon=True)
         t.start()
+        deadline = time.monotonic() + 30
         while len(times) < 20:
+            assert t.is_alive() and time.monotonic() < deadline, "the stream stopped decoding"
             time.sleep(0.001)
         start = model.clock()
         sched.register(paste, INTERACTIVE, None)
