@@ -67,8 +67,9 @@ llama models, whose Q/K rows the GGUF converter permuted; permuting those rows b
 makes NEOX rotary on the result identical (attention scores are invariant to a common
 permutation of Q and K dims), so the graph has one rotary form.
 
-The weights are written by `graph_weights` (once per model, shared by every graph) and the
-matmul building blocks live in `graph_ops`; this module assembles the decoder from them.
+The weights are written by `graph_weights` (once per model, shared by every graph), the
+matmul building blocks live in `graph_ops`, the spec, dims and I/O list in `graph_inputs`; this
+module assembles the decoder from them.
 """
 
 from __future__ import annotations
@@ -76,20 +77,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_attention import attend_inplace, attend_split
+from .graph_inputs import GraphDims, GraphSpec, graph_io
 from .graph_ops import Graph, RowPad, linear
 from .graph_weights import WEIGHTS_FILE, Weights, llama_rope_permutation, write_weights
-from .kv_smoothing import K_SMOOTHING, graph_layout, k_smoothing
+from .kv_smoothing import graph_layout, k_smoothing
 from .layer_inputs import MASK_NEG, rope_tables
 
 __all__ = [
@@ -110,82 +110,6 @@ BUILDER_VERSION = "13"
 OPSET = 23  # RotaryEmbedding
 
 
-@dataclass(frozen=True)
-class GraphSpec:
-    """The shape of one graph: new rows S, cache capacity C, logit rows R (`None` = symbolic)."""
-
-    seq_len: int | None
-    capacity: int | None
-    logit_rows: int | None
-    accuracy_level: int = 4
-    fused_norms: bool = True
-    kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
-    row_padding: bool = False  # a `pad_rows` input (`graph_ops.RowPad`): exact one-row decode steps
-    batch: int | None = 1  # B sequences side by side, each its own cache row (`None` = symbolic)
-    kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
-    ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
-    row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
-
-    @classmethod
-    def cpu(cls, accuracy_level: int, kv_dtype: str = "f32", ring: bool = False) -> GraphSpec:
-        """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
-        cache, row padding for exact one-row decode steps; `ring`: sliding-window layers keep
-        a ring of their own size."""
-        return cls(
-            None,
-            None,
-            None,
-            accuracy_level,
-            kv_inplace=True,
-            row_padding=True,
-            batch=None,
-            kv_dtype=kv_dtype,
-            ring=ring,
-            row_select=True,
-        )
-
-    @classmethod
-    def static(
-        cls,
-        seq_len: int,
-        capacity: int,
-        logit_rows: int,
-        accuracy_level: int,
-        batch: int = 1,
-        ring: int = 0,
-    ) -> GraphSpec:
-        """A fixed-shape graph for the NPU, with norms the HTP accepts (no fused ones);
-        `ring`: the sliding layers' cache rows (0: the capacity, through the mask)."""
-        return cls(
-            seq_len,
-            capacity,
-            logit_rows,
-            accuracy_level,
-            fused_norms=False,
-            batch=batch,
-            ring=ring or False,
-        )
-
-    def key(self) -> dict[str, Any]:
-        """The spec as the compile-cache key sees it; fields at the value that builds the
-        graphs from before the field existed (f32 K/V, no row selection) are left out, so
-        those cached builds (the NPU's compiled ones) stay valid."""
-        key = asdict(self)
-        if key["kv_dtype"] == "f32":
-            del key["kv_dtype"]
-        if self.kv_dtype == "int8":
-            key["k_smoothing"] = K_SMOOTHING
-        if key["ring"] is False:
-            del key["ring"]
-        if not key["row_select"]:
-            del key["row_select"]
-        return key
-
-
-def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FLOAT) -> Any:
-    return helper.make_tensor_value_info(name, elem, list(dims))
-
-
 def make_graph(
     cfg: ModelConfig,
     weights: Weights,
@@ -197,64 +121,14 @@ def make_graph(
     gr = Graph(weights.tensors)
     d, dh = cfg.d_model, cfg.head_dim
     h, hkv, grp = cfg.n_heads, cfg.n_kv_heads, cfg.n_groups
-    s_dim: int | str = spec.seq_len if spec.seq_len is not None else "S"
-    c_dim: int | str = spec.capacity if spec.capacity is not None else "C"
-    r_dim: int | str = spec.logit_rows if spec.logit_rows is not None else "R"
-    total: int | str = s_dim + c_dim if isinstance(s_dim, int) and isinstance(c_dim, int) else "CS"
-    b_dim: int | str = spec.batch if spec.batch is not None else "B"
-    ring = bool(spec.ring) and any(cfg.swa_layers)
-    w_dim: int | str = ("W" if spec.ring is True else int(spec.ring)) if ring else c_dim
-    w_total: int | str = total
-    if ring:
-        w_total = w_dim + s_dim if isinstance(w_dim, int) and isinstance(s_dim, int) else "WS"
-
-    def rows_of(layer: int) -> int | str:  # cache rows of a layer: a ring's or the capacity
-        return w_dim if cfg.swa_layers and cfg.swa_layers[layer] else c_dim
-
+    dims = GraphDims.of(cfg, spec)
+    s_dim, ring, rows_of = dims.seq, dims.ring, dims.rows_of
     level = spec.accuracy_level
     eps = float(cfg.rms_eps)
-
     inplace = spec.kv_inplace
     if spec.kv_dtype != "f32" and not inplace:
         raise NpuchatError(f"{spec.kv_dtype} K/V is built for the CPU graph only; use f32")
-    kv_elem = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "int8": TensorProto.INT8}[
-        spec.kv_dtype
-    ]
-    every_slides = bool(cfg.swa_layers) and all(cfg.swa_layers)
-    mask_cols = (w_dim if inplace else w_total) if every_slides else (c_dim if inplace else total)
-    inputs = [
-        _value_info("embeddings", [b_dim, s_dim, d]),
-        _value_info("mask", [b_dim, 1, s_dim, mask_cols]),
-        _value_info("cos", [b_dim, s_dim, dh // 2]),
-        _value_info("sin", [b_dim, s_dim, dh // 2]),
-        _value_info("logit_rows", [r_dim], TensorProto.INT64),
-    ]
-    if cfg.mixed_windows:  # the sliding layers' mask (`layer_inputs`)
-        inputs.append(_value_info("mask_swa", [b_dim, 1, s_dim, w_dim if inplace else w_total]))
-    if cfg.local_rope:  # the sliding layers' rotary tables
-        inputs += [_value_info(f"{t}_swa", [b_dim, s_dim, dh // 2]) for t in ("cos", "sin")]
-    if inplace:
-        inputs.append(_value_info("kv_slots", [b_dim, hkv, s_dim, 3], TensorProto.INT64))
-        if ring and cfg.mixed_windows:  # the ring layers' slots (all-sliding: `kv_slots`)
-            inputs.append(_value_info("kv_slots_swa", [b_dim, hkv, s_dim, 3], TensorProto.INT64))
-    if spec.row_padding:
-        inputs.append(_value_info("pad_rows", ["P"], TensorProto.INT64))
-    if spec.row_select:
-        inputs.append(_value_info("token_rows", ["N"], TensorProto.INT64))
-        inputs.append(_value_info("row_tokens", ["BS"], TensorProto.INT64))
-    outputs = [_value_info("logits", [r_dim, cfg.vocab_size])]
-    out_prefix = "present" if inplace else "new"
-    for i in range(cfg.n_layers):
-        c_i = rows_of(i)
-        rows_dim = c_i if inplace else s_dim
-        for kind in "kv":
-            inputs.append(_value_info(f"past_{kind}_{i}", [b_dim, hkv, c_i, dh], kv_elem))
-            out = f"{out_prefix}_{kind}_{i}"
-            outputs.append(_value_info(out, [b_dim, hkv, rows_dim, dh], kv_elem))
-        if spec.kv_dtype == "int8":  # a scale per (token, head): `kv_layout`
-            for kind in "kv":
-                inputs.append(_value_info(f"past_{kind}_{i}_scale", [b_dim, hkv, c_i, 1]))
-                outputs.append(_value_info(f"present_{kind}_{i}_scale", [b_dim, hkv, c_i, 1]))
+    inputs, outputs = graph_io(cfg, spec, dims)
 
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
     # [C, S] split of the attention columns into cached slots and new rows.

@@ -1,0 +1,184 @@
+"""What a decoder graph takes and gives: its spec (shape, layout), its dims and its I/O list.
+
+Kept apart from the assembly in `graph_builder` because every variant (CPU in place, NPU static,
+ring layers, int8 K/V, row selection) adds inputs, and the list is easier to check as one place
+than interleaved with the layer ops. The inputs themselves are described in `graph_builder`'s
+module doc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from onnx import TensorProto, ValueInfoProto, helper
+
+from .gguf_reader import ModelConfig
+from .kv_smoothing import K_SMOOTHING
+
+KV_ELEM = {"f32": TensorProto.FLOAT, "f16": TensorProto.FLOAT16, "int8": TensorProto.INT8}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """The shape of one graph: new rows S, cache capacity C, logit rows R (`None` = symbolic)."""
+
+    seq_len: int | None
+    capacity: int | None
+    logit_rows: int | None
+    accuracy_level: int = 4
+    fused_norms: bool = True
+    kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
+    row_padding: bool = False  # a `pad_rows` input (`graph_ops.RowPad`): exact one-row decode steps
+    batch: int | None = 1  # B sequences side by side, each its own cache row (`None` = symbolic)
+    kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
+    ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
+    row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
+
+    @classmethod
+    def cpu(cls, accuracy_level: int, kv_dtype: str = "f32", ring: bool = False) -> GraphSpec:
+        """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
+        cache, row padding for exact one-row decode steps; `ring`: sliding-window layers keep
+        a ring of their own size."""
+        return cls(
+            None,
+            None,
+            None,
+            accuracy_level,
+            kv_inplace=True,
+            row_padding=True,
+            batch=None,
+            kv_dtype=kv_dtype,
+            ring=ring,
+            row_select=True,
+        )
+
+    @classmethod
+    def static(
+        cls,
+        seq_len: int,
+        capacity: int,
+        logit_rows: int,
+        accuracy_level: int,
+        batch: int = 1,
+        ring: int = 0,
+    ) -> GraphSpec:
+        """A fixed-shape graph for the NPU, with norms the HTP accepts (no fused ones);
+        `ring`: the sliding layers' cache rows (0: the capacity, through the mask)."""
+        return cls(
+            seq_len,
+            capacity,
+            logit_rows,
+            accuracy_level,
+            fused_norms=False,
+            batch=batch,
+            ring=ring or False,
+        )
+
+    def key(self) -> dict[str, Any]:
+        """The spec as the compile-cache key sees it; fields at the value that builds the
+        graphs from before the field existed (f32 K/V, no row selection) are left out, so
+        those cached builds (the NPU's compiled ones) stay valid."""
+        key = asdict(self)
+        if key["kv_dtype"] == "f32":
+            del key["kv_dtype"]
+        if self.kv_dtype == "int8":
+            key["k_smoothing"] = K_SMOOTHING
+        if key["ring"] is False:
+            del key["ring"]
+        if not key["row_select"]:
+            del key["row_select"]
+        return key
+
+
+@dataclass(frozen=True)
+class GraphDims:
+    """A graph's dims: ints where the spec fixes them, names where ONNX Runtime binds them."""
+
+    batch: int | str
+    seq: int | str
+    capacity: int | str
+    logit_rows: int | str
+    ring: bool  # sliding layers keep a ring of `ring_rows` (else they span the capacity)
+    ring_rows: int | str
+    swa_layers: tuple[bool, ...]
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, spec: GraphSpec) -> GraphDims:
+        ring = bool(spec.ring) and any(cfg.swa_layers)
+        capacity: int | str = spec.capacity if spec.capacity is not None else "C"
+        return cls(
+            batch=spec.batch if spec.batch is not None else "B",
+            seq=spec.seq_len if spec.seq_len is not None else "S",
+            capacity=capacity,
+            logit_rows=spec.logit_rows if spec.logit_rows is not None else "R",
+            ring=ring,
+            ring_rows=("W" if spec.ring is True else int(spec.ring)) if ring else capacity,
+            swa_layers=tuple(cfg.swa_layers),
+        )
+
+    def rows_of(self, layer: int) -> int | str:
+        """Cache rows of a layer: its ring's or the capacity."""
+        return self.ring_rows if self.swa_layers and self.swa_layers[layer] else self.capacity
+
+    def plus_seq(self, rows: int | str, name: str) -> int | str:
+        """`rows` + S as a dim (the static layout's attention columns), `name` when symbolic."""
+        if isinstance(rows, int) and isinstance(self.seq, int):
+            return rows + self.seq
+        return name
+
+
+def _value_info(name: str, dims: Sequence[int | str], elem: int = TensorProto.FLOAT) -> Any:
+    return helper.make_tensor_value_info(name, elem, list(dims))
+
+
+def graph_io(
+    cfg: ModelConfig, spec: GraphSpec, dims: GraphDims
+) -> tuple[list[ValueInfoProto], list[ValueInfoProto]]:
+    """The inputs and outputs of the graph for `spec` (`graph_builder` module doc)."""
+    d, dh, hkv = cfg.d_model, cfg.head_dim, cfg.n_kv_heads
+    b, s = dims.batch, dims.seq
+    inplace = spec.kv_inplace
+    kv_elem = KV_ELEM[spec.kv_dtype]
+    total = dims.plus_seq(dims.capacity, "CS")
+    w_total = dims.plus_seq(dims.ring_rows, "WS") if dims.ring else total
+    every_slides = bool(cfg.swa_layers) and all(cfg.swa_layers)
+    if every_slides:
+        mask_cols = dims.ring_rows if inplace else w_total
+    else:
+        mask_cols = dims.capacity if inplace else total
+    inputs = [
+        _value_info("embeddings", [b, s, d]),
+        _value_info("mask", [b, 1, s, mask_cols]),
+        _value_info("cos", [b, s, dh // 2]),
+        _value_info("sin", [b, s, dh // 2]),
+        _value_info("logit_rows", [dims.logit_rows], TensorProto.INT64),
+    ]
+    if cfg.mixed_windows:  # the sliding layers' mask (`layer_inputs`)
+        inputs.append(_value_info("mask_swa", [b, 1, s, dims.ring_rows if inplace else w_total]))
+    if cfg.local_rope:  # the sliding layers' rotary tables
+        inputs += [_value_info(f"{t}_swa", [b, s, dh // 2]) for t in ("cos", "sin")]
+    if inplace:
+        inputs.append(_value_info("kv_slots", [b, hkv, s, 3], TensorProto.INT64))
+        if dims.ring and cfg.mixed_windows:  # the ring layers' slots (all-sliding: `kv_slots`)
+            inputs.append(_value_info("kv_slots_swa", [b, hkv, s, 3], TensorProto.INT64))
+    if spec.row_padding:
+        inputs.append(_value_info("pad_rows", ["P"], TensorProto.INT64))
+    if spec.row_select:
+        inputs.append(_value_info("token_rows", ["N"], TensorProto.INT64))
+        inputs.append(_value_info("row_tokens", ["BS"], TensorProto.INT64))
+    outputs = [_value_info("logits", [dims.logit_rows, cfg.vocab_size])]
+    out_prefix = "present" if inplace else "new"
+    for i in range(cfg.n_layers):
+        c_i = dims.rows_of(i)
+        rows_dim = c_i if inplace else s
+        for kind in "kv":
+            inputs.append(_value_info(f"past_{kind}_{i}", [b, hkv, c_i, dh], kv_elem))
+            out = f"{out_prefix}_{kind}_{i}"
+            outputs.append(_value_info(out, [b, hkv, rows_dim, dh], kv_elem))
+        if spec.kv_dtype == "int8":  # a scale per (token, head): `kv_layout`
+            for kind in "kv":
+                inputs.append(_value_info(f"past_{kind}_{i}_scale", [b, hkv, c_i, 1]))
+                outputs.append(_value_info(f"present_{kind}_{i}_scale", [b, hkv, c_i, 1]))
+    return inputs, outputs
