@@ -16,7 +16,8 @@ and all of them are stepped in lockstep:
   module: code, long, and the same for a given Python) over its first `--ppl-tokens` tokens,
   fed in verify runs of 32 rows; its delta against f32 in percent;
 * decode tok/s at each context of `--contexts`, the dtypes alternating round by round so that a
-  noisy machine slows all of them alike; ratios against f32 from the same run.
+  noisy machine slows all of them alike, by wall time and by process CPU time (steady under
+  load with `--threads 1`); ratios against f32 from the same run.
 
 With `--llama-dir` (the build of `benchmarks/build_llama_bench.sh`), the same agreement, KL and
 perplexity figures for llama.cpp's q8_0 K/V cache (`-ctk q8_0 -ctv q8_0`) against its f16 one,
@@ -140,22 +141,26 @@ def perplexity(models: dict, ids: list[int]) -> dict[str, float]:
     return {d: float(np.exp(v / (len(ids) - 1))) for d, v in nll.items()}
 
 
-def decode_speed(models: dict, context: int, rounds: int) -> dict[str, float]:
-    """Median decode tok/s at `context`, the dtypes alternating each round."""
+def decode_speed(models: dict, context: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """Median decode tok/s at `context` by wall and by process CPU time, the dtypes alternating
+    each round. CPU time is what to compare on a busy machine (with `--threads 1`: with more,
+    ONNX Runtime's spinning workers add to it)."""
     vocab = next(iter(models.values())).config.vocab_size
     fill = [int(t) for t in np.random.default_rng(0).integers(0, vocab, context)]
     for m in models.values():
         m.rollback(0)
         m.prefill(fill)
-    times: dict[str, list[float]] = {d: [] for d in models}
+    wall: dict[str, list[float]] = {d: [] for d in models}
+    cpu: dict[str, list[float]] = {d: [] for d in models}
     for _ in range(rounds):
         for d, m in models.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for j in range(DECODE_STEPS):
                 m.decode(fill[j])
-            times[d].append(DECODE_STEPS / (time.perf_counter() - t))
+            cpu[d].append(DECODE_STEPS / max(time.process_time() - c, 1e-9))
+            wall[d].append(DECODE_STEPS / (time.perf_counter() - t))
             m.rollback(context)
-    return {d: statistics.median(v) for d, v in times.items()}
+    return {d: (statistics.median(wall[d]), statistics.median(cpu[d])) for d in models}
 
 
 def quality(models: dict, prompts: list[list[int]], text_ids: list[int], tokens: int) -> None:
@@ -279,10 +284,17 @@ def main() -> None:
         llama_cpp(path, args.llama_dir, some, text_ids, args.tokens, args.llama_threads, need)
 
     if "speed" in parts:
-        print(f"\ndecode tok/s (median of {args.rounds} rounds of {DECODE_STEPS} steps)")
+        print(
+            f"\ndecode tok/s by wall and by process CPU time "
+            f"(median of {args.rounds} rounds of {DECODE_STEPS} steps)"
+        )
     for c in contexts if "speed" in parts else []:
         speed = decode_speed(models, c, args.rounds)
-        cells = "  ".join(f"{d} {v:6.1f} ({v / speed['f32']:.2f}x)" for d, v in speed.items())
+        w32, c32 = speed["f32"]
+        cells = "  ".join(
+            f"{d} {w:6.1f} ({w / w32:.2f}x) cpu {cp:6.1f} ({cp / c32:.2f}x)"
+            for d, (w, cp) in speed.items()
+        )
         print(f"  context {c:5}: {cells}")
     for m in models.values():
         m.close()

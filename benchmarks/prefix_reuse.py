@@ -1,6 +1,6 @@
 """Prefix reuse benchmark: TTFT with a ~1,000-token system prompt, measured side by side.
 
-    python benchmarks/prefix_reuse.py [--model qwen2.5-coder-0.5b] [--idle 60]
+    python benchmarks/prefix_reuse.py [--model qwen2.5-coder-0.5b] [--idle 60] [--kv-dtype int8]
 
 Prints cold TTFT, a second conversation sharing the system prompt, the second turn of a
 conversation (prefill tokens: only the new message), a new process that finds the prefix on
@@ -8,7 +8,8 @@ disk, and a conversation after the process sat idle (this machine pages out idle
 Ratios are to the cold figure of the same run. Uses a private cache folder, so the first
 request is really cold (graphs are built before timing starts). The requests go through
 `npuchat.engine.bench_timers.ask`, the same code as `npuchat bench`'s prefix-reuse figures;
-this script adds the second turn and the idle case.
+this script adds the second turn and the idle case. `--kv-dtype` runs every case on that cache
+dtype (the snapshots on disk keep it).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def second_turn(session: ChatSession, system: str, first: str, reply: str, user:
     return Reply([], 0.0, m.ttft_s, m.reused_tokens, m.prefill_tokens, m.decode_tokens, 0.0, 0, 0)
 
 
-def open_session(model: str, cache: Path) -> ChatSession:
+def open_session(model: str, cache: Path, kv_dtype: str) -> ChatSession:
     root = Path.home() / ".cache" / "npuchat-test"
     catalog = Catalog.load(Paths.from_env())
     try:
@@ -54,11 +55,13 @@ def open_session(model: str, cache: Path) -> ChatSession:
         path, _ = pull(Catalog.load(Paths(root, root, root, root / "models")), model)
     # the app's keep-warm setting, so the idle case measures what a user gets
     opts = SessionOptions(keep_warm_s=KEEP_WARM_S)
-    return ChatSession.open(path, name=model, cache_dir=cache, capacities=[2048], options=opts)
+    return ChatSession.open(
+        path, name=model, cache_dir=cache, capacities=[2048], options=opts, kv_dtype=kv_dtype
+    )
 
 
-def child(model: str, cache: Path, system: str) -> None:
-    s = open_session(model, cache)
+def child(model: str, cache: Path, system: str, kv_dtype: str) -> None:
+    s = open_session(model, cache, kv_dtype)
     r = ask(s, system, "Review: def f(x): return x*2", REPLY_TOKENS)
     print(json.dumps({"ttft_s": r.ttft_s, "prefill": r.prefill_tokens, "reused": r.reused_tokens}))
 
@@ -68,15 +71,16 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--idle", type=float, default=60.0)
+    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "int8"])
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--system", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.model, args.cache, args.system)
+        child(args.model, args.cache, args.system, args.kv_dtype)
         return
     cache = Path(tempfile.mkdtemp(prefix="npuchat-bench-"))
-    s = open_session(args.model, cache)
+    s = open_session(args.model, cache, args.kv_dtype)
     system = system_prompt(s, args.system_tokens, "prefix-reuse")
     rows: list[tuple[str, dict[str, float]]] = []
 
@@ -108,6 +112,8 @@ def main() -> None:
             str(cache),
             "--system",
             system,
+            "--kv-dtype",
+            args.kv_dtype,
         ],
         capture_output=True,
         text=True,
@@ -120,7 +126,8 @@ def main() -> None:
     idle = ask(s, system, "Review: def div(a, b): return a/b", REPLY_TOKENS)
     row(f"after {args.idle:.0f} s idle", idle)
     base = rows[0][1]["ttft_s"]
-    print(f"model {args.model}, system prompt {len(s.system_prefix(system))} tokens")
+    n_system = len(s.system_prefix(system))
+    print(f"model {args.model}, K/V {args.kv_dtype}, system prompt {n_system} tokens")
     print(f"{'case':42} {'TTFT s':>8} {'× cold':>7} {'prefill':>8} {'reused':>7}")
     for name, r in rows:
         t = r["ttft_s"]
