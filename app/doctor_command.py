@@ -31,8 +31,6 @@ from npuchat.engine.npu_sizes import describe
 
 from .context import AppContext
 
-DEFAULT_PREFILL_CHUNK = 128  # Model.load's default chunk: the graphs a chat compiles
-
 
 def machine_report(ctx: AppContext) -> dict[str, Any]:
     from npuchat.app.cli import package_version
@@ -63,7 +61,9 @@ def machine_report(ctx: AppContext) -> dict[str, Any]:
 def model_report(ctx: AppContext, name: str, device: str, console: Console) -> dict[str, Any]:
     """Compile or load `name`'s graphs for `device` and describe where their nodes run."""
     from npuchat.engine.gguf_reader import GGUFFile
+    from npuchat.engine.kv_ring import ring_rows
     from npuchat.engine.npu_compile import (
+        NPU_STEP_ROWS,
         compile_npu_graphs,
         default_npu_capacity,
         explain_placement,
@@ -71,6 +71,8 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
     )
     from npuchat.engine.npu_sizes import binary_sizes
     from npuchat.engine.runtime import GraphCache, model_sha256
+
+    from .engine_factory import BATCH_MAX
 
     path = ctx.catalog.resolve(name)
     with GGUFFile(path) as g:
@@ -84,7 +86,9 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
         raise NpuchatError(f"--device npu: {devices.npu_status().reason}")
     opts = devices.QnnOptions(ctx.settings.soc_model, ctx.settings.htp_arch)
     capacity = default_npu_capacity(cfg.context_length)
-    specs = npu_specs(DEFAULT_PREFILL_CHUNK, VERIFY_K, capacity)
+    step = max(NPU_STEP_ROWS, VERIFY_K + 1)  # the graph a chat compiles (`Model.load`)
+    ring = ring_rows(cfg, step, capacity)
+    specs = npu_specs(NPU_STEP_ROWS, VERIFY_K, capacity, batch_max=BATCH_MAX["npu"], ring=ring)
     cache_dir = ctx.paths.cache_dir
     progress = Progress(
         TextColumn("{task.description}"),
@@ -124,6 +128,7 @@ def model_report(ctx: AppContext, name: str, device: str, console: Console) -> d
         {
             "graph": name,
             "seq_len": specs[name].seq_len,
+            "batch": specs[name].batch,
             "capacity": specs[name].capacity,
             "nodes": p.total_nodes,
             "npu_nodes": p.npu_nodes,
@@ -200,12 +205,13 @@ def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | No
         )
         return
     table = Table(title_justify="left")
-    for col in ("graph", "S", "C", "nodes", "on NPU", "placement"):
+    for col in ("graph", "B", "S", "C", "nodes", "on NPU", "placement"):
         table.add_column(col, justify="left" if col in ("graph", "placement") else "right")
     for g in model["graphs"]:
         verdict = "100% NPU" if g["ok"] else f"{g['npu_percent']}% NPU"
         table.add_row(
             g["graph"],
+            str(g.get("batch", 1)),
             str(g["seq_len"]),
             str(g["capacity"]),
             str(g["nodes"]),

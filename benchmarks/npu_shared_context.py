@@ -1,4 +1,7 @@
-"""One QNN context binary for the whole NPU graph set: its size, and whether it loads.
+"""One QNN context binary for a graph per step shape: its size, and whether it loads.
+
+The engine runs one step graph instead (`engine/npu_compile.py`); this script keeps the measure
+of the alternative, and `npu_shared_repro.py` reduces its crash to two one-op graphs.
 
 QNN EP weight sharing (`ep.share_ep_contexts=1` on every compile session,
 `ep.stop_share_ep_contexts=1` on the last, `enable_htp_weight_sharing=1`) writes one context
@@ -24,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
-from npu_sources import htp_sources
+from npu_sources import htp_sources, shape_specs
 
 from npuchat.engine.devices import QnnOptions, htp_device, qnn_versions
-from npuchat.engine.npu_compile import npu_specs
 from npuchat.engine.npu_sizes import binary_bytes, gguf_tensor_bytes
 
 
@@ -86,7 +88,7 @@ def main() -> int:
     print(f"onnxruntime-qnn {qnn_versions()[0]}, QAIRT {qnn_versions()[1]}")
     with tempfile.TemporaryDirectory(prefix="npu-shared-") as tmp_name:
         tmp = Path(tmp_name)
-        specs = {n: s for n, s in npu_specs(16, 3, 64, 0).items() if n in args.graphs.split(",")}
+        specs = {n: s for n, s in shape_specs(16, 3, 64).items() if n in args.graphs.split(",")}
         gguf, sources = htp_sources(tmp, specs, args.layers, args.d_model)
         tensors = gguf_tensor_bytes(gguf)
         print(f"GGUF tensor bytes: {tensors:,}; graphs: {', '.join(sources)}")

@@ -17,7 +17,18 @@ from synthetic import write_synthetic_gguf
 from npuchat.engine.graph_builder import GraphSpec, build_graphs
 from npuchat.engine.npu_compile import adapt_for_htp
 
-__all__ = ["htp_sources"]
+__all__ = ["htp_sources", "shape_specs"]
+
+
+def shape_specs(prefill_chunk: int, verify_k: int, capacity: int) -> dict[str, GraphSpec]:
+    """A graph per step shape (the engine's design before its one step graph): `decode`
+    (S = 1), `prefill` (S = P, last row's logits), `verify` (S = k+1, every row's logits)."""
+    k1 = verify_k + 1
+    return {
+        "decode": GraphSpec.static(1, capacity, 1, 0),
+        "prefill": GraphSpec.static(prefill_chunk, capacity, 1, 0),
+        "verify": GraphSpec.static(k1, capacity, k1, 0),
+    }
 
 
 def htp_sources(

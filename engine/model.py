@@ -31,7 +31,7 @@ from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graph
 from .kv_layout import check_kv_dtype
 from .kvcache import KVCache, KVSnapshot, default_capacities
 from .layer_inputs import rope_tables
-from .npu_compile import default_npu_capacity
+from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
 from .npu_graphs import NpuGraphs
 from .process_memory import releasing_file_pages
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
@@ -68,7 +68,7 @@ class Model:
         *,
         cache_dir: Path,
         device: str = "cpu",
-        prefill_chunk: int = 128,
+        prefill_chunk: int | None = None,
         verify_k: int = 4,
         capacities: Sequence[int] | None = None,
         threads: int | None = None,
@@ -83,11 +83,15 @@ class Model:
         `accuracy_level` is MatMulNBits' activation precision: 4 = int8 activations (the fast
         path, like llama.cpp's Q8 activations), 0 = float32 (exact, ~30× slower; tests).
         `batch_max` is the number of KV slots (sequences the cache holds side by side).
+        `prefill_chunk`: rows per prefill step; by default 128 on the CPU and, on the NPU, the
+        rows of its one step graph (`npu_compile.NPU_STEP_ROWS`: every step pays for them).
         `kv_dtype` is how the cache stores K/V: "f32", "f16" or "int8" (`kv_layout`; the NPU's
         static graphs keep f32).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
+        if prefill_chunk is None:  # the NPU's one graph runs every step at its rows
+            prefill_chunk = NPU_STEP_ROWS if device == "npu" else 128
         if prefill_chunk < 1 or verify_k < 0 or batch_max < 1:
             raise NpuchatError("prefill_chunk and batch_max must be ≥ 1 and verify_k ≥ 0")
         check_kv_dtype(kv_dtype)

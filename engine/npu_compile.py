@@ -1,19 +1,28 @@
-"""Static graphs for the NPU, compiled once into QNN context binaries and cached.
+"""The NPU's static graph, compiled once into a QNN context binary and cached.
 
-An NPU compiles a graph for fixed shapes, so a model gets one graph per step shape at one KV
-capacity C: `prefill` (S = P, logits of the last row), `decode` (S = 1) and `verify` (S = k+1,
-logits of every row), built by `graph_builder` with static S and C and unfused norms (the HTP
-rejects `SkipSimplifiedLayerNormalization`), passed through `adapt_for_htp`, and compiled by the
-QNN EP into `<name>_ctx.onnx` plus its context binary `<name>_ctx_qnn.bin` (embed mode 0), one
-per graph: a shared one crashes the x86 simulator on load (`benchmarks/npu_shared_context.py`).
+An NPU compiles a graph for fixed shapes. A model gets one graph, `step`: S rows for each of
+its B KV slots at one capacity C (`npu_specs`), built by `graph_builder` with static shapes and
+unfused norms (the HTP rejects `SkipSimplifiedLayerNormalization`), passed through
+`adapt_for_htp`, and compiled by the QNN EP into `step_ctx.onnx` plus its context binary
+`step_ctx_qnn.bin` (embed mode 0), which holds the weights (quantized ones stay quantized).
+
+Why one graph: every compiled graph carries its own copy of the weights, so a graph per step
+shape (prefill, decode, verify, each batch size) cost ~3x the GGUF's bytes on disk and in the
+NPU's memory. QNN's weight sharing (one binary for several graphs) compiles but the x86
+simulator crashes loading it (`benchmarks/npu_shared_repro.py`), so the engine runs every step
+through the one graph, left-padded (`npu_graphs`). A decode step then computes S·B rows for one
+(16·2 by default): an NPU's matrix engine works on tiles of many rows and decode is bound by
+reading the weights, so on the HTP this should cost little more than one row, as Genie's
+fixed-length graphs assume; it could not be measured here (the simulator times the emulation,
+not the HTP: `benchmarks/npu_profile.py`). On the simulator itself a step costs its rows.
 
 Compiling is done with `session.disable_cpu_ep_fallback=1`: an op the HTP cannot run fails the
 compile, and the error names the nodes and QNN's reason (`npu_placement.diagnose`), never a
 silent CPU fallback. The compiled folder lives in the CPU graphs' verified cache
 (`runtime.GraphCache`), keyed like them plus the QNN options and the QAIRT / onnxruntime-qnn
 versions, so a corrupt or foreign `.bin` is rebuilt rather than handed to the HTP. The source
-graphs and weights are deleted once compiled: the context binaries carry their own (fp16 /
-quantized) weights. Where nodes run, and why not on the HTP, is `npu_placement`.
+graph and weights are deleted once compiled. Where nodes run, and why not on the HTP, is
+`npu_placement`.
 """
 
 from __future__ import annotations
@@ -47,15 +56,9 @@ from .runtime import GraphCache, cache_key
 NPU_PASS_VERSION = "1"
 PLACEMENT_FILE = "placement.json"
 DEFAULT_NPU_CAPACITY = 2048
+NPU_STEP_ROWS = 16  # the default prefill chunk on the NPU: the step graph's rows per slot
 
 Progress = Callable[[str, float], None]
-
-
-def npu_batches(batch_max: int) -> list[int]:
-    """Batched decode variants up to `batch_max`: 2, 4, … and `batch_max` itself (each costs a
-    compiled context binary holding its own copy of the weights)."""
-    sizes = {b for b in (2, 4, 8) if b < batch_max} | ({batch_max} if batch_max > 1 else set())
-    return sorted(sizes)
 
 
 def npu_specs(
@@ -63,26 +66,19 @@ def npu_specs(
     verify_k: int,
     capacity: int,
     accuracy_level: int = 4,
-    single: bool = False,
     batch_max: int = 1,
     ring: int = 0,
 ) -> dict[str, GraphSpec]:
-    """The static graph set for one capacity; a shape equal to decode's (S = 1) is left out.
-    `decode_b{B}` are the batched decode variants (`npu_batches`). `single`: one `step` graph
-    (max(P, k+1) rows, all logits) for every one-sequence step, one copy of the weights, and
-    no batched variants. `ring`: the sliding layers' ring slots (`kv_ring`; 0: none)."""
-    if single:
-        rows = max(prefill_chunk, verify_k + 1)
-        return {"step": GraphSpec.static(rows, capacity, rows, accuracy_level, ring=ring)}
-    specs = {"decode": GraphSpec.static(1, capacity, 1, accuracy_level, ring=ring)}
-    for b in npu_batches(batch_max):
-        specs[f"decode_b{b}"] = GraphSpec.static(1, capacity, b, accuracy_level, b, ring)
-    if prefill_chunk > 1:
-        specs["prefill"] = GraphSpec.static(prefill_chunk, capacity, 1, accuracy_level, ring=ring)
-    if verify_k > 0:
-        k1 = verify_k + 1
-        specs["verify"] = GraphSpec.static(k1, capacity, k1, accuracy_level, ring=ring)
-    return specs
+    """The NPU's one graph, `step`: S = max(P, k+1) rows for each of the `batch_max` cache
+    rows, at capacity C, with the logits of each entry's last k+1 rows; `ring`: the sliding
+    layers' ring slots (`kv_ring`; 0: none).
+
+    One graph serves every step (prefill chunks, decode, verify, batched decode), left-padded
+    (`npu_graphs`), so the set holds one copy of the weights (`npu_sizes`). Why one graph and
+    not one per shape: module doc."""
+    rows = max(prefill_chunk, verify_k + 1)
+    logits = batch_max * (verify_k + 1)
+    return {"step": GraphSpec.static(rows, capacity, logits, accuracy_level, batch_max, ring)}
 
 
 def adapt_for_htp(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -262,7 +258,7 @@ def explain_placement(
 
 
 def default_npu_capacity(context_length: int) -> int:
-    """One KV capacity for the NPU graphs: each capacity costs a compiled binary per graph."""
+    """One KV capacity for the NPU graph: each capacity would cost a compiled binary."""
     return max(1, min(context_length, DEFAULT_NPU_CAPACITY))
 
 

@@ -1,28 +1,27 @@
-"""Running a model's static NPU graphs over the host KV cache.
+"""Running a model's static NPU graph over the host KV cache.
 
-The CPU path runs one symbolic graph for every step; the NPU has one compiled graph per step
-shape (`npu_compile.npu_specs`): `decode` (S = 1), `prefill` (S = P) and `verify` (S = k+1),
-all at one capacity C, or (`single_graph`) one `step` graph of max(P, k+1) rows, every row's
-logits, that serves all three with one copy of the weights. A step with fewer rows than its
-graph is *left-padded*: the pad rows come first, the mask hides them from the real rows
-(`KVCache.fill_mask(pad=…)`), the last row is always a real one (prefill's logit row), and only
-the real rows' K/V are written back.
-Pad rows repeat the first real row's embedding and rotary angle rather than zeros, so every
-value the fp16 HTP computes for them stays finite (a NaN in a masked column would still poison
-the softmax of the real rows).
+The CPU path runs one symbolic graph for every step; the NPU runs one compiled `step` graph
+(`npu_compile.npu_specs`, which says why one): S rows for each of the B cache rows (KV slots)
+at one capacity C, with the logits of each entry's last k+1 rows. Batch entry j always reads
+cache row j, so the whole cache is bound once. A step fills the entries of the rows it runs:
+a prefill chunk or a verify fills one entry with up to S rows, a batched decode one row in
+each of its entries. Fewer rows than S are *left-padded*: the pad rows come first, the mask
+hides them from the real rows (`KVCache.fill_mask(pad=…)`), the last row is always a real one
+(prefill's logit row), and only the real rows' K/V are written back. An entry the step does
+not run is padding as a whole: each of its rows attends only itself, its logits are ignored
+and its K/V is never written back.
+Pad rows repeat a real row's embedding and rotary angle rather than zeros, so every value the
+fp16 HTP computes for them stays finite (a NaN in a masked column would still poison the
+softmax of the real rows).
 
 Every input and output is an OrtValue over a preallocated numpy buffer bound once (IOBinding);
 the cache buffers are bound by reference, so a step copies only the new rows.
-
-Batched decode (`step_batch`) runs `decode_b{B}` over cache rows `first_row..+B` (static batch
-variants, the smallest that holds the running sequences); a batch entry past the running ones
-is padding: it attends only itself, its logits are ignored and its K/V is never written back.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +39,11 @@ from .runtime import GraphCache
 __all__ = ["NpuGraphs"]
 
 ProgressFn = Callable[[str, float], None]
+Tables = tuple[np.ndarray, np.ndarray]
 
 
 class _Bound:
-    """One compiled graph: its session, IOBinding and preallocated buffers."""
+    """The compiled graph: its session, IOBinding and preallocated buffers."""
 
     def __init__(self, session: ort.InferenceSession, cfg: ModelConfig, spec: GraphSpec) -> None:
         assert spec.seq_len is not None and spec.capacity is not None and spec.logit_rows
@@ -51,7 +51,8 @@ class _Bound:
         b, s, c, r = spec.batch, spec.seq_len, spec.capacity, spec.logit_rows
         f32 = np.float32
         self.session = session
-        self.batch, self.seq_len, self.rows = b, s, r
+        self.batch, self.seq_len = b, s
+        self.per = r // b  # logit rows of each entry: its last `per` rows
         self.embeddings = np.zeros((b, s, cfg.d_model), f32)
         self.ring = int(spec.ring) if spec.ring is not False and any(cfg.swa_layers) else 0
         ring_cols = (self.ring or c) + s  # the ring layers' columns: their slots, the new rows
@@ -59,8 +60,7 @@ class _Bound:
         self.mask = np.zeros((b, 1, s, ring_cols if every else c + s), f32)
         self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
-        per = r // b
-        rows = np.arange(b)[:, None] * s + np.arange(s - per, s)[None, :]
+        rows = np.arange(b)[:, None] * s + np.arange(s - self.per, s)[None, :]
         self.logit_rows = rows.reshape(-1).astype(np.int64)
         self.cfg = cfg
         # sliding layers' own inputs (aliases of the shared ones for models without them)
@@ -68,6 +68,9 @@ class _Bound:
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos
         self.sin_swa = np.zeros_like(self.sin) if cfg.local_rope else self.sin
         self.logits = np.zeros((r, cfg.vocab_size), f32)
+        row_inputs = [self.embeddings, self.cos, self.sin, self.cos_swa, self.sin_swa]
+        self._row_inputs = list({id(a): a for a in row_inputs}.values())  # the distinct ones
+        self._masks = [self.mask] + ([self.mask_swa] if self.mask_swa is not self.mask else [])
         kv_shape = (b, cfg.n_kv_heads, s, cfg.head_dim)
         self.new_k = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
         self.new_v = [np.zeros(kv_shape, f32) for _ in range(cfg.n_layers)]
@@ -90,7 +93,7 @@ class _Bound:
         for i in range(cfg.n_layers):
             self._bind(f"new_k_{i}", self.new_k[i], output=True)
             self._bind(f"new_v_{i}", self.new_v[i], output=True)
-        self.cache_key: tuple[int, int] | None = None  # (generation, first row)
+        self.cache_key: int | None = None  # the cache generation bound
 
     def close(self) -> None:
         """Drop the binding before the session (`CpuSteps.close` says why)."""
@@ -107,34 +110,80 @@ class _Bound:
             self.io.bind_ortvalue_input(name, value)
         self._values.append(value)
 
-    def bind_cache(self, kv: KVCache, first_row: int) -> None:
-        """Bind cache rows `first_row..+batch` (a contiguous view, no copy)."""
-        if self.cache_key == (kv.generation, first_row):
+    def bind_cache(self, kv: KVCache) -> None:
+        """Bind every cache row (entry j reads row j; no copy)."""
+        if self.cache_key == kv.generation:
             return
-        rows = slice(first_row, first_row + self.batch)
         for i in range(kv.n_layers):
-            self._bind(f"past_k_{i}", kv.k[i][rows], output=False)
-            self._bind(f"past_v_{i}", kv.v[i][rows], output=False)
-        self.cache_key = (kv.generation, first_row)
+            self._bind(f"past_k_{i}", kv.k[i], output=False)
+            self._bind(f"past_v_{i}", kv.v[i], output=False)
+        self.cache_key = kv.generation
+
+    def fill(
+        self,
+        entry: int,
+        rows: tuple[np.ndarray, np.ndarray, np.ndarray],
+        local: Tables | None,
+        kv: KVCache,
+    ) -> int:
+        """Entry `entry` runs `rows` (embeddings `[s, D]`, cos, sin `[s, dh/2]`) at cache row
+        `entry`'s fill level, left-padded; returns the pad count."""
+        emb, cos, sin = rows
+        s, n, cfg = emb.shape[0], kv.lengths[entry], self.cfg
+        pad = self.seq_len - s
+        tables = [(self.embeddings, emb), (self.cos, cos), (self.sin, sin)]
+        if cfg.local_rope and local is not None:
+            tables += [(self.cos_swa, local[0]), (self.sin_swa, local[1])]
+        for buf, values in tables:
+            buf[entry, pad:] = values
+            buf[entry, :pad] = values[0]
+        if self.ring:  # sliding layers read their rings (`kv_ring`)
+            kv.fill_ring_mask(self.mask_swa, pad, entry, entry)
+        if not self.ring or cfg.mixed_windows:
+            kv.fill_mask(self.mask, pad, entry, entry)
+        if cfg.swa_layers and not self.ring:  # the C slots, then the S new rows (pad rows hidden)
+            positions = np.arange(n - pad, n + s)
+            cols = np.concatenate([np.arange(kv.capacity), positions])
+            out = self.mask_swa if cfg.mixed_windows else self.mask
+            one = slice(entry, entry + 1)
+            apply_window(out[one], positions, cols, cfg.sliding_window, self.mask[one])
+        return pad
+
+    def pad_entries(self, used: Sequence[int]) -> None:
+        """Every entry not in `used` repeats `used[0]`'s inputs and attends only itself."""
+        src = used[0]
+        i = np.arange(self.seq_len)
+        for j in range(self.batch):
+            if j in used:
+                continue
+            for buf in self._row_inputs:
+                buf[j] = buf[src]
+            for mask in self._masks:
+                mask[j].fill(MASK_NEG)
+                mask[j, 0, i, mask.shape[-1] - self.seq_len + i] = 0.0
+
+    def entry_logits(self, entry: int) -> np.ndarray:
+        """The logit rows of one entry `[per, vocab]` (its last `per` rows)."""
+        return self.logits[entry * self.per : (entry + 1) * self.per]
 
 
 class NpuGraphs:
-    """The compiled graph set of one model at one capacity, and the step that runs it."""
+    """The compiled step graph of one model at one capacity, and the steps that run it."""
 
     def __init__(self, compiled: CompiledGraphs, cfg: ModelConfig, opts: QnnOptions) -> None:
         self.compiled = compiled
-        self.capacity = next(iter(compiled.specs.values())).capacity
+        spec = compiled.specs["step"]
+        assert spec.capacity is not None
+        self.capacity = spec.capacity
         t0 = time.perf_counter()
-        self._graphs = {
-            name: _Bound(load_compiled_session(compiled.ctx_model(name), opts), cfg, spec)
-            for name, spec in compiled.specs.items()
-        }
+        session = load_compiled_session(compiled.ctx_model("step"), opts)
+        self._graph: _Bound | None = _Bound(session, cfg, spec)
         self.load_seconds = time.perf_counter() - t0
 
     def close(self) -> None:
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs = {}
+        if self._graph is not None:
+            self._graph.close()
+        self._graph = None
 
     @classmethod
     def load(
@@ -150,16 +199,13 @@ class NpuGraphs:
         accuracy_level: int = 4,
         opts: QnnOptions | None = None,
         progress: ProgressFn | None = None,
-        single_graph: bool = False,
         batch_max: int = 1,
         ring: int = 0,
     ) -> NpuGraphs:
-        """Compile (first use) or load (later) the graphs, then open one session per graph.
+        """Compile (first use) or load (later) the step graph, then open its session.
         `ring`: the sliding layers' ring slots (0: none)."""
         opts = opts or QnnOptions()
-        specs = npu_specs(
-            prefill_chunk, verify_k, capacity, accuracy_level, single_graph, batch_max, ring
-        )
+        specs = npu_specs(prefill_chunk, verify_k, capacity, accuracy_level, batch_max, ring)
         compiled = compile_npu_graphs(gguf_path, model_sha, specs, cache, opts, progress)
         if progress:
             progress("loading NPU graphs", 0.0)
@@ -169,17 +215,22 @@ class NpuGraphs:
     def folder(self) -> Path:
         return self.compiled.folder
 
-    def _pick(self, s: int, all_rows: bool) -> _Bound:
-        if "step" in self._graphs:
-            name = "step"
-        elif s == 1:
-            return self._graphs["decode"]
-        else:
-            name = "verify" if all_rows else "prefill"
-        graph = self._graphs.get(name)
-        if graph is None or s > graph.seq_len:
-            raise NpuchatError(f"no NPU graph takes {s} rows at once ({name}); this is a bug")
-        return graph
+    def _ready(self, kv: KVCache) -> _Bound:
+        g = self._graph
+        if g is None:
+            raise NpuchatError("the NPU graphs are closed; load the model again")
+        if kv.capacity != self.capacity:
+            raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
+        if g.ring != kv.ring_slots or g.batch != kv.rows:
+            raise NpuchatError(
+                f"the NPU graph takes {g.batch} rows and {g.ring} ring slots, the cache "
+                f"{kv.rows} and {kv.ring_slots}; this is a bug"
+            )
+        return g
+
+    def _run(self, g: _Bound, kv: KVCache) -> None:
+        g.bind_cache(kv)
+        g.session.run_with_iobinding(g.io)
 
     def step(
         self,
@@ -188,53 +239,27 @@ class NpuGraphs:
         sin: np.ndarray,
         kv: KVCache,
         all_rows: bool,
-        local: tuple[np.ndarray, np.ndarray] | None = None,
+        local: Tables | None = None,
         row: int = 0,
     ) -> np.ndarray:
         """Run `s` new rows at cache row `row`'s fill level n; write their K/V into the cache;
         return logits.
 
         `embeddings` is `[s, D]`, `cos`/`sin` `[s, dh/2]` for positions n..n+s-1. Returns the
-        last row's logits `[1, vocab]`, or every row's `[s, vocab]` when `all_rows`. The caller
-        advances the fill level. `local`: the sliding layers' (cos, sin), for models with them.
+        last row's logits `[1, vocab]`, or every row's `[s, vocab]` when `all_rows` (s ≤ k+1).
+        The caller advances the fill level. `local`: the sliding layers' (cos, sin), for models
+        with them.
         """
+        g = self._ready(kv)
         s, n = embeddings.shape[0], kv.lengths[row]
-        if kv.capacity != self.capacity:
-            raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
-        g = self._pick(s, all_rows)
-        pad = g.seq_len - s
-        g.embeddings[0, pad:] = embeddings
-        g.cos[0, pad:] = cos
-        g.sin[0, pad:] = sin
-        if pad:
-            g.embeddings[0, :pad] = embeddings[0]
-            g.cos[0, :pad] = cos[0]
-            g.sin[0, :pad] = sin[0]
-        cfg = g.cfg
-        self._check_ring(g, kv)
-        if g.ring:  # sliding layers read their rings (`kv_ring`)
-            kv.fill_ring_mask(g.mask_swa, pad, row)
-        if not g.ring or cfg.mixed_windows:
-            kv.fill_mask(g.mask, pad, row)
-        if cfg.swa_layers and not g.ring:  # the C slots, then the S new rows (pad rows hidden)
-            rows = np.arange(n - pad, n + s)
-            cols = np.concatenate([np.arange(kv.capacity), rows])
-            out = g.mask_swa if cfg.mixed_windows else g.mask
-            apply_window(out, rows, cols, cfg.sliding_window, g.mask)
-        if cfg.local_rope and local is not None:
-            g.cos_swa[0, pad:], g.sin_swa[0, pad:] = local
-            g.cos_swa[0, :pad], g.sin_swa[0, :pad] = local[0][0], local[1][0]
-        g.bind_cache(kv, row)
-        g.session.run_with_iobinding(g.io)
-        kv.write(g.new_k, g.new_v, slice(pad, None), n, row)
-        return g.logits[pad:].copy() if all_rows else g.logits[-1:].copy()
-
-    @staticmethod
-    def _check_ring(g: _Bound, kv: KVCache) -> None:
-        if g.ring != kv.ring_slots:
-            raise NpuchatError(
-                f"the NPU graphs keep {g.ring} ring slots, the cache {kv.ring_slots}; this is a bug"
-            )
+        if s > g.seq_len or (all_rows and s > g.per) or not 0 <= row < g.batch:
+            raise NpuchatError(f"the NPU graph takes no {s} rows at row {row}; this is a bug")
+        pad = g.fill(row, (embeddings, cos, sin), local, kv)
+        g.pad_entries([row])
+        self._run(g, kv)
+        kv.write(g.new_k, g.new_v, slice(pad, None), n, row, row)
+        out = g.entry_logits(row)
+        return out[g.per - s :].copy() if all_rows else out[-1:].copy()
 
     def step_batch(
         self,
@@ -243,50 +268,23 @@ class NpuGraphs:
         sin: np.ndarray,
         kv: KVCache,
         first_row: int,
-        local: tuple[np.ndarray, np.ndarray] | None = None,
+        local: Tables | None = None,
     ) -> np.ndarray:
         """One decode step for rows `first_row..+b` (`embeddings` `[b, D]`, `cos`/`sin`
         `[b, dh/2]`, `local` the sliding layers' tables alike); writes each row's new K/V at its
         fill level; logits `[b, vocab]`. The caller advances the fill levels."""
+        g = self._ready(kv)
         b = embeddings.shape[0]
-        if kv.capacity != self.capacity:
-            raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
-        sizes = sorted(g.batch for name, g in self._graphs.items() if name.startswith("decode"))
-        size = next((x for x in sizes if x >= b), None)
-        if size is None or first_row + size > kv.rows:
-            raise NpuchatError(f"no NPU decode graph takes {b} sequences at row {first_row}")
-        g = self._graphs["decode" if size == 1 else f"decode_b{size}"]
-        src = np.minimum(np.arange(size), b - 1)  # padding entries repeat the last real one
-        g.embeddings[:, 0] = embeddings[src]
-        g.cos[:, 0] = cos[src]
-        g.sin[:, 0] = sin[src]
-        cfg = g.cfg
-        if cfg.local_rope and local is not None:
-            g.cos_swa[:, 0], g.sin_swa[:, 0] = local[0][src], local[1][src]
-        self._check_ring(g, kv)
-        cols = np.arange(kv.capacity + 1)  # the C slots, then the new row at its position
-        masks = [g.mask_swa] if g.ring else []
-        if not g.ring or cfg.mixed_windows:
-            masks.append(g.mask)
-        for j in range(size):
-            for mask in masks:
-                if j < b and mask is g.mask_swa and g.ring:
-                    kv.fill_ring_mask(mask, 0, first_row + j, j)
-                elif j < b:
-                    kv.fill_mask(mask, 0, first_row + j, j)
-                else:  # padding entry: attends only its own new column
-                    mask[j].fill(MASK_NEG)
-                    mask[j, 0, 0, -1] = 0.0
-            if cfg.swa_layers and not g.ring:
-                pos = kv.lengths[first_row + j] if j < b else 0
-                cols[-1] = pos
-                out = g.mask_swa if cfg.mixed_windows else g.mask
-                apply_window(
-                    out[j : j + 1], np.array([pos]), cols, cfg.sliding_window, g.mask[j : j + 1]
-                )
-        g.bind_cache(kv, first_row)
-        g.session.run_with_iobinding(g.io)
-        for j in range(b):
-            row = first_row + j
-            kv.write(g.new_k, g.new_v, slice(None), kv.lengths[row], row, j)
-        return g.logits[:b].copy()
+        rows = list(range(first_row, first_row + b))
+        if not rows or first_row < 0 or rows[-1] >= g.batch:
+            raise NpuchatError(f"no NPU graph takes {b} sequences at row {first_row}")
+        for j, row in enumerate(rows):
+            one = slice(j, j + 1)
+            row_local = (local[0][one], local[1][one]) if local is not None else None
+            g.fill(row, (embeddings[one], cos[one], sin[one]), row_local, kv)
+        g.pad_entries(rows)
+        self._run(g, kv)
+        last = g.seq_len - 1
+        for row in rows:
+            kv.write(g.new_k, g.new_v, slice(last, None), kv.lengths[row], row, row)
+        return np.stack([g.entry_logits(row)[-1] for row in rows])

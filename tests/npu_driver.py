@@ -44,9 +44,7 @@ MODELS = {
 class NpuDriver:
     """Prefill and greedy decode over `NpuGraphs`, the way `Model` drives its graphs."""
 
-    def __init__(
-        self, path: Path, cache_dir: Path, verify_k: int = VERIFY_K, single_graph: bool = False
-    ) -> None:
+    def __init__(self, path: Path, cache_dir: Path, verify_k: int = VERIFY_K) -> None:
         self.gguf = GGUFFile(path)
         self.cfg = cfg = self.gguf.config
         self.cache = GraphCache(cache_dir)
@@ -60,7 +58,6 @@ class NpuDriver:
             verify_k=verify_k,
             capacity=CAPACITY,
             accuracy_level=0,
-            single_graph=single_graph,
             ring=ring_rows(cfg, step, CAPACITY),
         )
         self.kv = KVCache(

@@ -42,9 +42,6 @@ from npu_driver import (
 
 from npuchat.engine import devices
 from npuchat.engine.model import Model
-from npuchat.engine.npu_compile import compile_npu_graphs, npu_specs
-from npuchat.engine.npu_sizes import binary_sizes
-from npuchat.engine.runtime import GraphCache, model_sha256
 
 pytestmark = [
     pytest.mark.npu,
@@ -54,14 +51,15 @@ pytestmark = [
 
 @pytest.mark.parametrize("arch", list(MODELS))
 def test_greedy_matches_cpu(synthetic_gguf, tmp_path: Path, arch: str) -> None:
-    """Every graph compiles with 100% placement; prefill (two chunks, the last padded) then 20
-    greedy decode steps give the CPU's tokens; verify rows equal decode rows."""
+    """The step graph compiles with 100% placement; prefill (two chunks, the last padded) then
+    20 greedy decode steps (1 real row, 15 pad rows) give the CPU's tokens; verify rows (3 real
+    rows in the same graph) equal decode rows."""
     tensor_type, kw = MODELS[arch]
     path = synthetic_gguf(arch, tensor_type, **kw)
     npu = NpuDriver(path, tmp_path / "npu")
     try:
         placements = npu.graphs.compiled.placements
-        assert set(placements) == {"prefill", "decode", "verify"}
+        assert set(placements) == {"step"}
         for p in placements.values():
             assert p.complete and not p.fallbacks and p.total_nodes > 50
         prompt = random_prompt(npu.cfg.vocab_size, 21)  # 16 + 5: the second chunk is left-padded
@@ -153,10 +151,8 @@ def test_run_command_npu_equals_cpu(
     assert run("npu") == cpu
     graphs = AppContext.load().paths.cache_dir / "graphs"
     before = {p: p.stat().st_mtime_ns for p in graphs.rglob("*_qnn.bin")}
-    # decode, prefill, verify, and the batched decode of the app's two KV slots on the NPU
-    assert sorted(p.name for p in before) == sorted(
-        f"{g}_ctx_qnn.bin" for g in ("decode", "decode_b2", "prefill", "verify")
-    )
+    # one binary: the step graph serves prefill, decode, verify and the app's two KV slots
+    assert [p.name for p in before] == ["step_ctx_qnn.bin"]
     assert run("npu") == cpu
     assert {p: p.stat().st_mtime_ns for p in graphs.rglob("*_qnn.bin")} == before
 
@@ -189,39 +185,4 @@ def test_draft_on_npu_target_on_cpu(
     plain = tokens("none")
     assert tokens("syn-draft") == plain
     graphs = AppContext.load().paths.cache_dir / "graphs"
-    assert len(list(graphs.rglob("*_qnn.bin"))) == 3  # the draft's decode/prefill/verify
-
-
-def test_one_step_graph_serves_every_step_with_one_weight_copy(
-    synthetic_gguf, tmp_path: Path
-) -> None:
-    """`single_graph`: one 16-row graph with every row's logits runs prefill chunks, decode
-    (1 real row, 15 pad rows) and verify, with the CPU's greedy tokens; the whole set is one
-    binary within 1.15x the GGUF's tensor bytes (the three-graph set of the same model: ~3x).
-    The size is measured on a model whose matrices dominate (d 512), the tokens on a tiny one."""
-    path = synthetic_gguf("llama", "q8_0")
-    npu = NpuDriver(path, tmp_path / "npu", single_graph=True)
-    try:
-        assert set(npu.graphs.compiled.placements) == {"step"}
-        assert npu.graphs.compiled.placements["step"].complete
-        prompt = random_prompt(npu.cfg.vocab_size, 21)
-        got_tokens, got = greedy(npu.prefill, lambda t: npu.step([t])[0], prompt, DECODE_STEPS)
-        want_tokens, want = cpu_greedy(path, tmp_path / "cpu", prompt)
-        assert got_tokens == want_tokens
-        assert rel_err(got, want) < REL_TOL
-        end = npu.kv.n
-        npu.kv.rollback(end - 3)
-        rows = npu.step(got_tokens[-3:], all_rows=True)
-        assert rows.shape == (3, npu.cfg.vocab_size) and rel_err(rows, got[-3:]) < REL_TOL
-    finally:
-        npu.close()
-
-    big = synthetic_gguf(
-        "llama", "q4_0", n_layers=2, d_model=512, ffn_dim=1536, tied_embeddings=False
-    )
-    cache = GraphCache(tmp_path / "big")
-    specs = npu_specs(PREFILL, VERIFY_K, CAPACITY, 0, single=True)
-    sha = model_sha256(big, tmp_path / "big")
-    compiled = compile_npu_graphs(big, sha, specs, cache, devices.QnnOptions())
-    sizes = binary_sizes(compiled.folder, big)
-    assert list(sizes.binaries) == ["step_ctx_qnn.bin"] and sizes.ratio <= 1.15, sizes
+    assert len(list(graphs.rglob("*_qnn.bin"))) == 1  # the draft's step graph

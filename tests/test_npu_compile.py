@@ -26,6 +26,7 @@ from npuchat.engine import devices
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.graph_builder import GraphSpec, build_graphs
 from npuchat.engine.npu_compile import (
+    NPU_STEP_ROWS,
     PLACEMENT_FILE,
     adapt_for_htp,
     compile_npu_graphs,
@@ -51,11 +52,7 @@ def test_second_load_uses_the_compiled_binaries(synthetic_gguf, tmp_path: Path) 
     folder = first.graphs.folder
     assert first.cache.builds == 1 and first.graphs.compiled.compiled
     names = sorted(p.name for p in folder.iterdir())
-    assert names == sorted(
-        [f"{g}_ctx.onnx" for g in ("decode", "prefill", "verify")]
-        + [f"{g}_ctx_qnn.bin" for g in ("decode", "prefill", "verify")]
-        + ["manifest.json", PLACEMENT_FILE]
-    )
+    assert names == sorted(["step_ctx.onnx", "step_ctx_qnn.bin", "manifest.json", PLACEMENT_FILE])
     prompt = random_prompt(first.cfg.vocab_size, 9)
     expect = first.prefill(prompt)
     first.close()
@@ -70,16 +67,16 @@ def test_second_load_uses_the_compiled_binaries(synthetic_gguf, tmp_path: Path) 
         second.close()
 
 
-@pytest.mark.parametrize("damage", ["flip", "swap"])
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_damaged_binary_is_rebuilt(synthetic_gguf, tmp_path: Path, damage: str) -> None:
-    """A flipped byte or another graph's binary in its place is caught by the manifest."""
+    """A flipped byte or a truncated binary is caught by the manifest."""
     path = synthetic_gguf("phi3", "q4_0")
     first = NpuDriver(path, tmp_path)
     folder = first.graphs.folder
     prompt = random_prompt(first.cfg.vocab_size, 7)
     expect = first.prefill(prompt)
     first.close()
-    victim = folder / "decode_ctx_qnn.bin"
+    victim = folder / "step_ctx_qnn.bin"
     if damage == "flip":
         with open(victim, "r+b") as f:
             f.seek(victim.stat().st_size // 2)
@@ -87,7 +84,7 @@ def test_damaged_binary_is_rebuilt(synthetic_gguf, tmp_path: Path, damage: str) 
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([byte[0] ^ 0xFF]))
     else:
-        victim.write_bytes((folder / "prefill_ctx_qnn.bin").read_bytes())
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     assert not GraphCache(tmp_path).verify(folder.name)
 
     second = NpuDriver(path, tmp_path)
@@ -110,12 +107,12 @@ def test_every_weight_type_compiles_fully(
     compiled = compile_npu_graphs(
         path,
         model_sha256(path, tmp_path),
-        npu_specs(1, 0, 32, 0),  # the decode graph alone
+        npu_specs(1, 0, 32, 0),  # a one-row graph
         GraphCache(tmp_path),
         devices.QnnOptions(),
     )
-    assert list(compiled.placements) == ["decode"]
-    assert compiled.placements["decode"].complete
+    assert list(compiled.placements) == ["step"]
+    assert compiled.placements["step"].complete
 
 
 def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path) -> None:
@@ -125,14 +122,14 @@ def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path)
     The CPU graph's fused `SkipSimplifiedLayerNormalization` is such an op (QNN rejects it).
     """
     path = synthetic_gguf("llama", "q8_0")
-    specs = {"decode": GraphSpec(1, CAPACITY, 1, 0, fused_norms=True)}
+    specs = {"step": GraphSpec(1, CAPACITY, 1, 0, fused_norms=True)}
     opts = devices.QnnOptions()
     cache = GraphCache(tmp_path)
     pattern = r"cannot run on the NPU: SkipSimplifiedLayerNormalization_\d+ \(SkipSimpl.*not supp"
     with pytest.raises(NpuchatError, match=pattern):
         compile_npu_graphs(path, model_sha256(path, tmp_path), specs, cache, opts)
     assert cache.builds == 0 and not any(cache.root.iterdir())
-    placement = explain_placement(path, specs, opts)["decode"]
+    placement = explain_placement(path, specs, opts)["step"]
     assert not placement.complete
     assert {f.op_type for f in placement.fallbacks} == {"SkipSimplifiedLayerNormalization"}
     assert len(placement.fallbacks) == 4  # 2 layers x 2 residual adds
@@ -143,7 +140,7 @@ def test_rejected_op_is_an_error_naming_the_node(synthetic_gguf, tmp_path: Path)
 def test_htp_rewrite_keeps_the_math(synthetic_gguf, tmp_path: Path) -> None:
     """`adapt_for_htp` (3-D MatMulNBits, bias as Add) computes the same thing on the CPU EP."""
     path = synthetic_gguf("qwen2", "q4_1")  # bias and block offsets: every rewritten form
-    spec = npu_specs(PREFILL, VERIFY_K, CAPACITY, 0)["prefill"]
+    spec = npu_specs(PREFILL, VERIFY_K, CAPACITY, 0)["step"]
     src = build_graphs(path, {"g": spec}, tmp_path)["g"]
     model = onnx.load(str(src), load_external_data=False)
     adapted = adapt_for_htp(onnx.load(str(src), load_external_data=False))
@@ -160,7 +157,7 @@ def test_htp_rewrite_keeps_the_math(synthetic_gguf, tmp_path: Path) -> None:
     feeds = {}
     for i in sess[0].get_inputs():
         if i.name == "logit_rows":
-            feeds[i.name] = np.array([PREFILL - 1], np.int64)
+            feeds[i.name] = np.arange(PREFILL - VERIFY_K - 1, PREFILL, dtype=np.int64)
         elif i.name == "mask":
             feeds[i.name] = np.zeros(i.shape, np.float32)
         else:
@@ -192,7 +189,7 @@ def test_placement_file_is_json(synthetic_gguf, tmp_path: Path) -> None:
     npu = NpuDriver(synthetic_gguf("qwen2", "q4_1"), tmp_path, verify_k=0)
     try:
         record = json.loads((npu.graphs.folder / PLACEMENT_FILE).read_text())
-        assert set(record) == {"prefill", "decode"}
+        assert set(record) == {"step"}
         assert all(r["npu_nodes"] == r["total_nodes"] for r in record.values())
     finally:
         npu.close()
@@ -202,8 +199,9 @@ def test_doctor_reports_full_npu_placement_for_every_arch(
     synthetic_gguf,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`npuchat doctor --model X --device npu`: every graph of every arch 100% on the NPU,
-    compiled on the first call and loaded from the cache on the second."""
+    """`npuchat doctor --model X --device npu`: the app's step graph (2 KV slots, 16 rows) of
+    every arch 100% on the NPU, compiled on the first call and loaded from the cache on the
+    second; the byte counts it prints are the binary on disk and gguf's own tensor table."""
     from npuchat.app.cli import main
 
     paths = {}
@@ -217,7 +215,8 @@ def test_doctor_reports_full_npu_placement_for_every_arch(
             report = json.loads(capsys.readouterr().out)
             model = report["model"]
             assert model["arch"] == arch and model["ok"] and model["binaries"] == expected
-            assert [g["graph"] for g in model["graphs"]] == ["decode", "prefill", "verify"]
+            assert [g["graph"] for g in model["graphs"]] == ["step"]
+            assert [(g["batch"], g["seq_len"]) for g in model["graphs"]] == [(2, 16)]
             for g in model["graphs"]:
                 assert g["npu_percent"] == 100.0 and g["nodes"] == g["npu_nodes"] > 50
                 assert g["capacity"] == 256 and not g["fallbacks"]
@@ -249,27 +248,34 @@ def test_doctor_without_a_model_lists_the_machine(capsys: pytest.CaptureFixture[
     assert devices.npu_status().kind in out
 
 
-def test_quantized_weights_stay_quantized_in_each_binary(synthetic_gguf, tmp_path: Path) -> None:
-    """Each graph's context binary holds the GGUF's matrices at ~their quantized size (an fp16
-    expansion would be 1.8x for q8_0 and 3.6x for q4_0). The model is large enough (d 512,
-    ffn 1,536) that the matrices, not the graph's fixed ~150 KB, dominate a binary. The token
-    embedding is not in the binaries: the host gathers embedding rows (the head is untied)."""
+def test_whole_graph_set_is_one_copy_of_the_quantized_weights(
+    synthetic_gguf, tmp_path: Path
+) -> None:
+    """The graph set the app compiles (16 rows, 2 KV slots, verify k = 4) is one context binary
+    holding the GGUF's matrices at ~their quantized size (an fp16 expansion would be 3.6x for
+    q4_0), so the whole set is within 1.15x the GGUF's tensor bytes (a binary per step shape
+    was ~3x). The model is large enough (d 512, ffn 1,536) that the matrices, not the graph's
+    fixed ~150 KB, dominate. The token embedding is not in the binary: the host gathers
+    embedding rows (the head is untied)."""
     import gguf
 
     path = synthetic_gguf(
         "llama", "q4_0", n_layers=2, d_model=512, ffn_dim=1536, tied_embeddings=False
     )
     cache = GraphCache(tmp_path)
-    specs = npu_specs(PREFILL, 0, CAPACITY, 0)
+    specs = npu_specs(NPU_STEP_ROWS, 4, CAPACITY, 0, batch_max=2)
     compiled = compile_npu_graphs(
         path, model_sha256(path, tmp_path), specs, cache, devices.QnnOptions()
     )
+    assert compiled.placements["step"].complete
+    reader = gguf.GGUFReader(path)
     matrices = sum(
         int(t.n_bytes)
-        for t in gguf.GGUFReader(path).tensors
+        for t in reader.tensors
         if len(t.shape) == 2 and t.name != "token_embd.weight"
     )
     sizes = binary_sizes(compiled.folder, path)
-    assert set(sizes.binaries) == {f"{name}_ctx_qnn.bin" for name in specs}
-    for name, size in sizes.binaries.items():
-        assert 0.95 < size / matrices < 1.25, (name, size, matrices)
+    assert list(sizes.binaries) == ["step_ctx_qnn.bin"]
+    assert 0.95 < sizes.binary_bytes / matrices < 1.25, (sizes, matrices)
+    assert sizes.tensor_bytes == sum(int(t.n_bytes) for t in reader.tensors)
+    assert sizes.ratio <= 1.15, sizes
