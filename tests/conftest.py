@@ -3,6 +3,7 @@ and an isolated NPUCHAT_HOME for every test so no test touches the user's files.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from installed_model import syn  # noqa: F401  (fixture)
 from real_models import *  # noqa: F403  (fixtures)
 from scripted_engine import store  # noqa: F401  (fixture)
 from synthetic import synthetic_gguf  # noqa: F401  (fixture)
+
+# The native kernels are built once per machine beside the real models, not in each test's home.
+os.environ.setdefault("NPUCHAT_KERNEL_CACHE", str(cache_root() / "kernels"))  # noqa: F405
 
 
 @pytest.fixture(autouse=True)

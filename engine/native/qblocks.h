@@ -1,0 +1,114 @@
+// GGUF weight blocks as llama.cpp lays them out, the int8 activation blocks they are multiplied
+// with, and the table of dot-product kernels (AVX2+FMA or portable, chosen at load time).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace npq {
+
+// ggml type ids (gguf GGMLQuantizationType) of the weight blocks the kernels read.
+enum GgmlType : int {
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q8_0 = 8,
+  Q4_K = 12,
+  Q6_K = 14,
+};
+
+constexpr int QK = 32;    // elements per block of the 32-element types
+constexpr int QK_K = 256; // elements per super-block of the K types
+
+// Bytes per block of each weight type, and how many elements a block holds.
+inline int block_bytes(int type) {
+  switch (type) {
+    case Q4_0: return 18;   // fp16 d, 16 bytes of nibbles
+    case Q4_1: return 20;   // fp16 d, fp16 m, 16 bytes of nibbles
+    case Q5_0: return 22;   // fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles
+    case Q8_0: return 34;   // fp16 d, 32 int8
+    case Q4_K: return 144;  // fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 nibble bytes
+    case Q6_K: return 210;  // 128 low-nibble bytes, 64 bytes of high bits, 16 int8 scales, fp16 d
+    default: return 0;
+  }
+}
+
+inline int block_elems(int type) { return (type == Q4_K || type == Q6_K) ? QK_K : QK; }
+
+// Activations of one row quantized to int8 per 32 elements (for the 32-element weight types):
+// x ~= d * qs; `sum` = d * sum(qs), which the offset types (Q4_1) multiply by their minimum.
+struct ActBlock {
+  float d;
+  float sum;
+  int8_t qs[QK];
+};
+
+// Activations per 256 elements (for the K types), with the sums of qs per 16 elements that the
+// minima (Q4_K) and the -32 offset (Q6_K) are multiplied by.
+struct ActSuper {
+  float d;
+  int16_t bsums[QK_K / 16];
+  int8_t qs[QK_K];
+};
+
+// IEEE half -> float without F16C (the portable path; the AVX2 path converts in hardware).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalise
+    exp = 113;
+    while ((man & 0x400u) == 0) {
+      man <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline float load_half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return half_to_float(h);
+}
+
+// The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K super-block.
+inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *mn = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// One weight row (nb blocks) . `rows` activation rows (1..MAX_ROWS): out[r] = w . x[r].
+// A row's result is computed by the same instructions in the same order whatever `rows` is, so it
+// never depends on the rows beside it; taking several rows only shares the weights' unpacking.
+constexpr int MAX_ROWS = 4;
+using DotRows = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
+
+struct Kernels {
+  const char* isa;
+  DotRows q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
+};
+
+const Kernels& scalar_kernels();
+const Kernels* avx2_kernels();  // nullptr when the CPU lacks AVX2/FMA/F16C
+
+// Row quantizers (shared by both paths, so activations round the same way on every machine).
+void quantize_blocks(const float* x, ActBlock* y, int k);
+void quantize_supers(const float* x, ActSuper* y, int k);
+
+}  // namespace npq

@@ -1,0 +1,248 @@
+// AVX2 + FMA kernels (compiled for that target per function; used only where the CPU has it).
+// The scheme is llama.cpp's: int8 activations, integer dot products per block (maddubs/madd),
+// one float multiply-add per block into an 8-lane accumulator, a horizontal sum at the end.
+#include <immintrin.h>
+
+#include "qblocks.h"
+
+#define NPQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace npq {
+
+namespace {
+
+NPQ_AVX2 inline float hsum(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+NPQ_AVX2 inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+NPQ_AVX2 inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// Signed int8 . signed int8 over 32 lanes -> 8 int32 partial sums.
+NPQ_AVX2 inline __m256i dot_i8(__m256i a, __m256i b) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// Unsigned (< 64) . signed int8 over 32 lanes, times one int16 scale per 16 lanes -> 8 int32.
+NPQ_AVX2 inline __m256i dot_u8_scaled(__m256i u, __m256i s, __m256i scales) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales);
+}
+
+// 16 bytes of nibbles -> 32 bytes: element j (low nibble of byte j) then element 16 + j.
+NPQ_AVX2 inline __m256i nibbles16(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0xF));
+}
+
+// 32 bits -> 32 bytes, 0xFF where the bit is set.
+NPQ_AVX2 inline __m256i bits_to_bytes(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(v)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+}
+
+template <typename Act>
+NPQ_AVX2 inline const Act* act(const uint8_t* const* x, int r) {
+  return reinterpret_cast<const Act*>(x[r]);
+}
+
+// The 32-element types: `Unpack(w)` gives the block's 32 weights as bytes; `Signed` says whether
+// they are signed (multiplied with dot_i8) or unsigned (maddubs directly); `Offset` adds the
+// block minimum times the activation sum (Q4_1).
+template <int R, int Bytes, __m256i (*Unpack)(const uint8_t*), bool Signed, bool Offset>
+NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
+  __m256 acc[R];
+  float offsets[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offsets[r] = 0.0f;
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int b = 0; b < nb; ++b, w += Bytes) {
+    const __m256i q = Unpack(w);
+    const float d = half(w);
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& y = act<ActBlock>(x, r)[b];
+      const __m256i s = Signed ? dot_i8(q, load32(y.qs)) : dot_u8_scaled(q, load32(y.qs), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(s), acc[r]);
+      if (Offset) offsets[r] += half(w + 2) * y.sum;
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + offsets[r];
+}
+
+NPQ_AVX2 inline __m256i unpack_q8_0(const uint8_t* w) { return load32(w + 2); }
+NPQ_AVX2 inline __m256i unpack_q4_0(const uint8_t* w) {
+  return _mm256_sub_epi8(nibbles16(w + 2), _mm256_set1_epi8(8));
+}
+NPQ_AVX2 inline __m256i unpack_q4_1(const uint8_t* w) { return nibbles16(w + 4); }
+NPQ_AVX2 inline __m256i unpack_q5_0(const uint8_t* w) {
+  // nibble | 16 * bit, minus 16: where the bit is clear the byte becomes 0xF0 | nibble.
+  const __m256i high = _mm256_andnot_si256(bits_to_bytes(w + 2), _mm256_set1_epi8(-16));
+  return _mm256_or_si256(nibbles16(w + 6), high);
+}
+
+template <int R>
+NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256 acc[R];
+  float minima[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    minima[r] = 0.0f;
+  }
+  for (int b = 0; b < nb; ++b, w += 144) {
+    // The 8 6-bit scales, then the 8 minima, one byte each (branch-free unpacking).
+    uint32_t u[4];
+    std::memcpy(u, w + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    const uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = mins_lo;
+    u[0] &= 0x3f3f3f3f;
+    const uint8_t* sc = reinterpret_cast<const uint8_t*>(u);
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(u[3]), static_cast<int>(u[2])));
+    const uint8_t* qs = w + 16;
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = load32(qs + 32 * j);
+      const __m256i lo = _mm256_and_si256(q, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i s0 = _mm256_set1_epi16(sc[2 * j]);
+      const __m256i s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = act<ActSuper>(x, r)[b].qs + 64 * j;
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(dot_u8_scaled(lo, load32(y), s0),
+                                                             dot_u8_scaled(hi, load32(y + 32), s1)));
+      }
+    }
+    const float d = half(w), dmin = half(w + 2);
+    for (int r = 0; r < R; ++r) {
+      const ActSuper& y = act<ActSuper>(x, r)[b];
+      // Sums of 32 activations (pairs of the 16-element sums) times each sub-block's minimum.
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+      const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+      __m128i m = _mm_madd_epi16(mins16, pairs);
+      m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+      m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+      const int summ = _mm_cvtsi128_si32(m);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+      minima[r] += y.d * dmin * static_cast<float>(summ);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - minima[r];
+}
+
+// Scales of groups g (the first 16 bytes' pairs) and g + 1 as 16 int16 lanes for madd.
+NPQ_AVX2 inline __m256i two_scales(const int8_t* sc, int g) {
+  return _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+}
+
+template <int R>
+NPQ_AVX2 void q6_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
+  const __m256i m15 = _mm256_set1_epi8(15);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b, w += 210) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
+    const __m256i scales16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    __m256i sumi[R];
+    // Every weight carries -32: start from -32 * (scale . per-16 activation sums), exact in int32.
+    for (int r = 0; r < R; ++r) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(act<ActSuper>(x, r)[b].bsums));
+      sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                 _mm256_slli_epi32(_mm256_madd_epi16(bs, scales16), 5));
+    }
+    const uint8_t* ql = w;
+    const uint8_t* qh = w + 128;
+    const int8_t* sc = scales;
+    for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8) {
+      const __m256i l1 = load32(ql), l2 = load32(ql + 32), hb = load32(qh);
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                                         _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+      const __m256i q1 = _mm256_or_si256(
+          _mm256_and_si256(l2, m15),
+          _mm256_slli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(12)), 2));
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                         _mm256_and_si256(hb, _mm256_set1_epi8(48)));
+      const __m256i q3 = _mm256_or_si256(
+          _mm256_and_si256(_mm256_srli_epi16(l2, 4), m15),
+          _mm256_srli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(-64)), 2));
+      const __m256i s0 = two_scales(sc, 0), s1 = two_scales(sc, 2);
+      const __m256i s2 = two_scales(sc, 4), s3 = two_scales(sc, 6);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = act<ActSuper>(x, r)[b].qs + 128 * h;
+        const __m256i a = _mm256_add_epi32(dot_u8_scaled(q0, load32(y), s0),
+                                           dot_u8_scaled(q1, load32(y + 32), s1));
+        const __m256i c = _mm256_add_epi32(dot_u8_scaled(q2, load32(y + 64), s2),
+                                           dot_u8_scaled(q3, load32(y + 96), s3));
+        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(a, c));
+      }
+    }
+    const float d = half(w + 208);
+    for (int r = 0; r < R; ++r) {
+      const float dd = act<ActSuper>(x, r)[b].d * d;
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+// rows (1..MAX_ROWS) -> the instance of `Kern` for that many rows.
+template <template <int> class Kern>
+NPQ_AVX2 void by_rows(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
+  switch (rows) {
+    case 1: Kern<1>::run(w, x, nb, out); break;
+    case 2: Kern<2>::run(w, x, nb, out); break;
+    case 3: Kern<3>::run(w, x, nb, out); break;
+    default: Kern<4>::run(w, x, nb, out); break;
+  }
+}
+
+// One struct per type whose run<R> is the R-row kernel (what by_rows dispatches on).
+#define NPQ_ROWS(Name, ...)                                                               \
+  template <int R>                                                                        \
+  struct Name {                                                                           \
+    NPQ_AVX2 static void run(const uint8_t* w, const uint8_t* const* x, int nb, float* o) { \
+      __VA_ARGS__(w, x, nb, o);                                                           \
+    }                                                                                     \
+  };
+NPQ_ROWS(Q8_0K, blocks_rows<R, 34, unpack_q8_0, true, false>)
+NPQ_ROWS(Q4_0K, blocks_rows<R, 18, unpack_q4_0, true, false>)
+NPQ_ROWS(Q4_1K, blocks_rows<R, 20, unpack_q4_1, false, true>)
+NPQ_ROWS(Q5_0K, blocks_rows<R, 22, unpack_q5_0, true, false>)
+NPQ_ROWS(Q4_KK, q4_k_rows<R>)
+NPQ_ROWS(Q6_KK, q6_k_rows<R>)
+#undef NPQ_ROWS
+
+}  // namespace
+
+const Kernels* avx2_kernels() {
+  static const Kernels k{"avx2",           by_rows<Q4_0K>, by_rows<Q4_1K>, by_rows<Q5_0K>,
+                         by_rows<Q8_0K>, by_rows<Q4_KK>, by_rows<Q6_KK>};
+  __builtin_cpu_init();
+  const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("f16c");
+  return ok ? &k : nullptr;
+}
+
+}  // namespace npq

@@ -1,0 +1,169 @@
+// Portable kernels: the activation quantizers every path shares, and plain-C dot products for
+// CPUs without AVX2. Integer sums per block are exact; each block adds one float product.
+#include <cmath>
+#include <cstdlib>
+
+#include "qblocks.h"
+
+namespace npq {
+
+namespace {
+
+// One int8 scale per `n` values: d = max|x| / 127, q = round-half-even(x / d).
+float quantize_run(const float* x, int8_t* q, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (amax == 0.0f) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return 0.0f;
+  }
+  const float d = amax / 127.0f;
+  const float id = 127.0f / amax;
+  for (int i = 0; i < n; ++i) {
+    const long v = std::lrintf(x[i] * id);
+    q[i] = static_cast<int8_t>(v > 127 ? 127 : (v < -127 ? -127 : v));
+  }
+  return d;
+}
+
+float dot_q8_0(const uint8_t* w, const ActBlock* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += 34) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(w + 2);
+    int s = 0;
+    for (int i = 0; i < QK; ++i) s += q[i] * x[b].qs[i];
+    acc += load_half(w) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+float dot_q4_0(const uint8_t* w, const ActBlock* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += 18) {
+    const uint8_t* q = w + 2;
+    int s = 0;
+    for (int j = 0; j < 16; ++j) {
+      s += ((q[j] & 0xF) - 8) * x[b].qs[j] + ((q[j] >> 4) - 8) * x[b].qs[j + 16];
+    }
+    acc += load_half(w) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+float dot_q4_1(const uint8_t* w, const ActBlock* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += 20) {
+    const uint8_t* q = w + 4;
+    int s = 0;
+    for (int j = 0; j < 16; ++j) s += (q[j] & 0xF) * x[b].qs[j] + (q[j] >> 4) * x[b].qs[j + 16];
+    acc += load_half(w) * x[b].d * static_cast<float>(s) + load_half(w + 2) * x[b].sum;
+  }
+  return acc;
+}
+
+float dot_q5_0(const uint8_t* w, const ActBlock* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += 22) {
+    uint32_t qh;
+    std::memcpy(&qh, w + 2, 4);
+    const uint8_t* q = w + 6;
+    int s = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = ((q[j] & 0xF) | (((qh >> j) << 4) & 0x10)) - 16;
+      const int hi = ((q[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+      s += lo * x[b].qs[j] + hi * x[b].qs[j + 16];
+    }
+    acc += load_half(w) * x[b].d * static_cast<float>(s);
+  }
+  return acc;
+}
+
+float dot_q4_k(const uint8_t* w, const ActSuper* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += 144) {
+    const uint8_t* scales = w + 4;
+    const uint8_t* qs = w + 16;
+    const int8_t* y = x[b].qs;
+    int sumi = 0, summ = 0;
+    for (int j = 0; j < 4; ++j) {
+      int sc0, m0, sc1, m1;
+      q4k_scale_min(scales, 2 * j, &sc0, &m0);
+      q4k_scale_min(scales, 2 * j + 1, &sc1, &m1);
+      int lo = 0, hi = 0;
+      for (int l = 0; l < 32; ++l) {
+        lo += (qs[32 * j + l] & 0xF) * y[64 * j + l];
+        hi += (qs[32 * j + l] >> 4) * y[64 * j + 32 + l];
+      }
+      sumi += sc0 * lo + sc1 * hi;
+      summ += m0 * (x[b].bsums[4 * j] + x[b].bsums[4 * j + 1]);
+      summ += m1 * (x[b].bsums[4 * j + 2] + x[b].bsums[4 * j + 3]);
+    }
+    acc += x[b].d * (load_half(w) * static_cast<float>(sumi) -
+                     load_half(w + 2) * static_cast<float>(summ));
+  }
+  return acc;
+}
+
+float dot_q6_k(const uint8_t* w, const ActSuper* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b, w += 210) {
+    const uint8_t* ql = w;
+    const uint8_t* qh = w + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    const int8_t* y = x[b].qs;
+    int sumi = 0;
+    for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8, y += 128) {
+      int part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 16;
+        part[g + 0] += (((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32) * y[l];
+        part[g + 2] += (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32) * y[l + 32];
+        part[g + 4] += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * y[l + 64];
+        part[g + 6] += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * y[l + 96];
+      }
+      for (int g = 0; g < 8; ++g) sumi += sc[g] * part[g];
+    }
+    acc += load_half(w + 208) * x[b].d * static_cast<float>(sumi);
+  }
+  return acc;
+}
+
+template <typename Act, float (*Dot)(const uint8_t*, const Act*, int)>
+void rows_of(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
+  for (int r = 0; r < rows; ++r) out[r] = Dot(w, reinterpret_cast<const Act*>(x[r]), nb);
+}
+
+}  // namespace
+
+void quantize_blocks(const float* x, ActBlock* y, int k) {
+  for (int b = 0; b < k / QK; ++b) {
+    y[b].d = quantize_run(x + b * QK, y[b].qs, QK);
+    int s = 0;
+    for (int i = 0; i < QK; ++i) s += y[b].qs[i];
+    y[b].sum = y[b].d * static_cast<float>(s);
+  }
+}
+
+void quantize_supers(const float* x, ActSuper* y, int k) {
+  for (int b = 0; b < k / QK_K; ++b) {
+    y[b].d = quantize_run(x + b * QK_K, y[b].qs, QK_K);
+    for (int g = 0; g < QK_K / 16; ++g) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += y[b].qs[16 * g + i];
+      y[b].bsums[g] = static_cast<int16_t>(s);
+    }
+  }
+}
+
+const Kernels& scalar_kernels() {
+  static const Kernels k{"scalar",
+                         rows_of<ActBlock, dot_q4_0>,
+                         rows_of<ActBlock, dot_q4_1>,
+                         rows_of<ActBlock, dot_q5_0>,
+                         rows_of<ActBlock, dot_q8_0>,
+                         rows_of<ActSuper, dot_q4_k>,
+                         rows_of<ActSuper, dot_q6_k>};
+  return k;
+}
+
+}  // namespace npq

@@ -1,0 +1,222 @@
+// The ONNX Runtime custom op `npuchat.QMatMul`: y = x @ W^T with W kept as the GGUF's own
+// quantized blocks (one row of blocks per output feature), read in place.
+//
+//   inputs:  x float32 [..., K]; W uint8, N rows of K / block_elems blocks (any shape, N * row
+//            bytes in all)
+//   attrs:   ggml_type (the block type), N, K; scale, scaled_rows: outputs n < scaled_rows are
+//            multiplied by scale (a fused Q|K|V matmul folds attention's 1/sqrt(dh) into Q)
+//   output:  y float32 [..., N]
+//
+// Every output element is one call of the same dot-product kernel on that row of x and that row
+// of W, whatever the number of rows and however the work is split across threads, so a row's
+// result never depends on the rows beside it (verify steps equal decode steps bit for bit).
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <algorithm>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "qblocks.h"
+
+namespace {
+
+using npq::ActBlock;
+using npq::ActSuper;
+using npq::Kernels;
+
+const Kernels& chosen_kernels() {
+  static const Kernels* k = [] {
+    const char* force = std::getenv("NPUCHAT_KERNEL_ISA");
+    if (force != nullptr && std::string(force) == "scalar") return &npq::scalar_kernels();
+    const Kernels* fast = npq::avx2_kernels();
+    return fast != nullptr ? fast : &npq::scalar_kernels();
+  }();
+  return *k;
+}
+
+bool is_super(int type) { return type == npq::Q4_K || type == npq::Q6_K; }
+
+struct Job {
+  const Kernels* kern;
+  int type;
+  int64_t m, n, k;
+  int64_t tile;
+  const uint8_t* w;
+  size_t row_bytes;
+  const uint8_t* act;
+  size_t act_row_bytes;
+  float* y;
+  float scale;
+  int64_t scaled_rows;
+};
+
+npq::DotRows kernel_for(const Kernels& k, int type) {
+  switch (type) {
+    case npq::Q4_0: return k.q4_0;
+    case npq::Q4_1: return k.q4_1;
+    case npq::Q5_0: return k.q5_0;
+    case npq::Q8_0: return k.q8_0;
+    case npq::Q4_K: return k.q4_k;
+    default: return k.q6_k;
+  }
+}
+
+// Output features [t * tile, (t + 1) * tile) for every row: a weight row is read once from memory
+// and unpacked once per MAX_ROWS activation rows.
+void run_tile(void* data, size_t t) {
+  const Job& j = *static_cast<const Job*>(data);
+  const npq::DotRows dot = kernel_for(*j.kern, j.type);
+  const int nb = static_cast<int>(j.k / npq::block_elems(j.type));
+  const int64_t n0 = static_cast<int64_t>(t) * j.tile;
+  const int64_t n1 = std::min(j.n, n0 + j.tile);
+  const uint8_t* rows[npq::MAX_ROWS];
+  float out[npq::MAX_ROWS];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* w = j.w + static_cast<size_t>(n) * j.row_bytes;
+    const float s = n < j.scaled_rows ? j.scale : 1.0f;
+    for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
+      const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
+      for (int i = 0; i < count; ++i) rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
+      dot(w, rows, count, nb, out);
+      for (int i = 0; i < count; ++i) j.y[(r0 + i) * j.n + n] = s * out[i];
+    }
+  }
+}
+
+OrtStatusPtr error(OrtErrorCode code, const std::string& msg) {
+  return Ort::GetApi().CreateStatus(code, ("npuchat.QMatMul: " + msg).c_str());
+}
+
+struct QMatMulKernel {
+  int type = 0;
+  int64_t n = 0, k = 0, scaled_rows = 0;
+  float scale = 1.0f;
+  size_t row_bytes = 0;
+
+  OrtStatusPtr init(const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo ki(info);
+    type = static_cast<int>(ki.GetAttribute<int64_t>("ggml_type"));
+    n = ki.GetAttribute<int64_t>("N");
+    k = ki.GetAttribute<int64_t>("K");
+    scale = ki.GetAttribute<float>("scale");
+    scaled_rows = ki.GetAttribute<int64_t>("scaled_rows");
+    const int bytes = npq::block_bytes(type);
+    if (bytes == 0) return error(ORT_INVALID_ARGUMENT, "unsupported ggml_type " + std::to_string(type));
+    if (n <= 0 || k <= 0 || k % npq::block_elems(type) != 0) {
+      return error(ORT_INVALID_ARGUMENT, "K must be a positive multiple of the block size");
+    }
+    row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
+    return nullptr;
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    try {
+      return compute(context);
+    } catch (const Ort::Exception& e) {
+      return error(e.GetOrtErrorCode(), e.what());
+    } catch (const std::exception& e) {
+      return error(ORT_FAIL, e.what());
+    }
+  }
+
+  OrtStatusPtr compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const Ort::ConstValue x = ctx.GetInput(0);
+    const Ort::ConstValue w = ctx.GetInput(1);
+    std::vector<int64_t> shape = x.GetTensorTypeAndShapeInfo().GetShape();
+    if (shape.empty() || shape.back() != k) {
+      return error(ORT_INVALID_ARGUMENT, "x's last dimension must be K = " + std::to_string(k));
+    }
+    if (w.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n) * row_bytes) {
+      return error(ORT_INVALID_ARGUMENT, "W must hold N rows of K/block blocks");
+    }
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+    shape.back() = n;
+    Ort::UnownedValue y = ctx.GetOutput(0, shape);
+    if (m == 0) return nullptr;
+
+    const Kernels& kern = chosen_kernels();
+    const float* xs = x.GetTensorData<float>();
+    const bool super = is_super(type);
+    const size_t act_row = super ? static_cast<size_t>(k / npq::QK_K) * sizeof(ActSuper)
+                                 : static_cast<size_t>(k / npq::QK) * sizeof(ActBlock);
+    std::vector<uint8_t> act(act_row * static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) {
+      uint8_t* dst = act.data() + static_cast<size_t>(r) * act_row;
+      if (super) {
+        npq::quantize_supers(xs + r * k, reinterpret_cast<ActSuper*>(dst), static_cast<int>(k));
+      } else {
+        npq::quantize_blocks(xs + r * k, reinterpret_cast<ActBlock*>(dst), static_cast<int>(k));
+      }
+    }
+    // About 32 KiB of weights per task: enough work to hide the hand-off, small enough that two
+    // threads share a 1,536-row matrix evenly.
+    const int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes));
+    Job job{&kern, type, m, n, k, tile, w.GetTensorData<uint8_t>(), row_bytes, act.data(),
+            act_row, y.GetTensorMutableData<float>(), scale, scaled_rows};
+    const size_t tiles = static_cast<size_t>((n + tile - 1) / tile);
+    ctx.ParallelFor(run_tile, tiles, 0, &job);
+    return nullptr;
+  }
+};
+
+struct QMatMulOp : Ort::CustomOpBase<QMatMulOp, QMatMulKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    auto* kn = new QMatMulKernel();
+    OrtStatusPtr status = nullptr;
+    try {
+      status = kn->init(info);
+    } catch (const Ort::Exception& e) {
+      status = error(e.GetOrtErrorCode(), e.what());
+    }
+    if (status != nullptr) {
+      delete kn;
+      return status;
+    }
+    *kernel = kn;
+    return nullptr;
+  }
+  const char* GetName() const { return "QMatMul"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+extern "C" {
+
+// ONNX Runtime's entry point for SessionOptions.register_custom_ops_library.
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) return nullptr;  // an older runtime: the session fails on the unknown op
+  Ort::InitApi(api);
+  static QMatMulOp op;
+  static OrtCustomOpDomain* domain = nullptr;
+  static std::once_flag once;
+  OrtStatus* status = nullptr;
+  std::call_once(once, [&] {
+    status = api->CreateCustomOpDomain("npuchat", &domain);
+    if (status == nullptr) status = api->CustomOpDomain_Add(domain, &op);
+  });
+  if (status != nullptr) return status;
+  return api->AddCustomOpDomain(options, domain);
+}
+
+// Which kernels this process uses ("avx2" or "scalar"), for `npuchat doctor`.
+__attribute__((visibility("default"))) const char* npuchat_kernel_isa() {
+  return chosen_kernels().isa;
+}
+
+}  // extern "C"

@@ -1,0 +1,94 @@
+"""`npuchat.QMatMul` against numpy: the weights dequantized by gguf-py (independent code), the
+activations quantized per block by the rule the op documents (d = max|x| / 127, round half to
+even), the product in float64. Importable by the tests; run as a script it checks every type in
+a fresh process (`NPUCHAT_KERNEL_ISA=scalar` there tests the portable kernels) and prints JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from onnx import TensorProto, helper, numpy_helper
+from synthetic import ggml_type, quantize_tensor
+
+from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
+
+TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
+N, K = 80, 512  # N is not a multiple of the op's task size
+
+
+def weights(n: int = N, k: int = K, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, k)) * rng.uniform(0.01, 2.0, (n, 1))).astype(np.float32)
+
+
+def blocks(w: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """The GGUF bytes of `w`, one row of blocks per output feature."""
+    return np.asarray(quantize_tensor(w, qtype)).view(np.uint8).reshape(w.shape[0], -1)
+
+
+def quantized_activations(x: np.ndarray, block: int) -> np.ndarray:
+    xb = x.reshape(x.shape[0], -1, block).astype(np.float32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    safe = np.where(amax == 0, 1, amax).astype(np.float32)
+    q = np.clip(np.rint(xb * (np.float32(127) / safe)), -127, 127)
+    return (q * (safe / np.float32(127))).reshape(x.shape).astype(np.float64)
+
+
+def reference(x: np.ndarray, raw: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    k = x.shape[-1]
+    w = dequantize(raw, qtype).reshape(raw.shape[0], k).astype(np.float64)
+    block = 256 if qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K) else 32
+    return quantized_activations(x, block) @ w.T
+
+
+def session(
+    raw: np.ndarray,
+    qtype: GGMLQuantizationType,
+    k: int,
+    threads: int = 2,
+    scale: float = 1.0,
+    scaled_rows: int = 0,
+    **overrides: int,
+) -> ort.InferenceSession:
+    attrs = {"ggml_type": int(qtype), "N": raw.shape[0], "K": k, **overrides}
+    node = helper.make_node(
+        "QMatMul", ["x", "w"], ["y"], domain=DOMAIN, scale=scale, scaled_rows=scaled_rows, **attrs
+    )
+    graph = helper.make_graph(
+        [node],
+        "qmatmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],  # any rank
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(raw, "w")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    register_kernels(so, kernel_library())
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def relative_errors(rows: int = 5) -> dict[str, float]:
+    """Per type: max |op - reference| / max |reference| over a few rows."""
+    x = np.random.default_rng(1).standard_normal((rows, K)).astype(np.float32)
+    out = {}
+    for name in TYPES:
+        qtype = ggml_type(name)
+        raw = blocks(weights(), qtype)
+        y = session(raw, qtype, K).run(None, {"x": x})[0]
+        ref = reference(x, raw, qtype)
+        out[name] = float(np.abs(y - ref).max() / np.abs(ref).max())
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    lib = kernel_library()
+    print(json.dumps({"isa": lib.isa, "errors": relative_errors()}))

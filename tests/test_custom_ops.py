@@ -1,0 +1,120 @@
+"""The native `npuchat.QMatMul` kernels: numbers against numpy, rows independent of each other,
+the portable kernels too, and clear errors for inputs that do not fit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from gguf.quants import dequantize
+from qmatmul_check import K, N, blocks, reference, relative_errors, session, weights
+from synthetic import ggml_type
+
+from npuchat.engine.custom_ops import kernel_library
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.kernel_build import build_kernels
+
+if shutil.which("g++") is None or shutil.which("npm") is None:
+    pytest.skip("building the kernels needs g++ and npm", allow_module_level=True)
+
+# Activations are quantized by the documented rule on both sides; what remains is float
+# summation order (int32 block sums are exact), ~1e-7 of the largest output.
+TOLERANCE = 2e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built() -> None:
+    lib = kernel_library()
+    assert lib.available, lib.reason  # this machine has both tools: the build must work
+
+
+def test_every_type_matches_numpy() -> None:
+    errors = relative_errors()
+    assert all(e < TOLERANCE for e in errors.values()), errors
+
+
+def test_the_portable_kernels_match_numpy_too() -> None:
+    env = dict(os.environ, NPUCHAT_KERNEL_ISA="scalar")
+    script = Path(__file__).parent / "qmatmul_check.py"
+    proc = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["isa"] == "scalar"
+    assert all(e < TOLERANCE for e in result["errors"].values()), result
+
+
+def test_kernels_stay_close_to_the_float_product() -> None:
+    """int8 activations cost about 1% (llama.cpp's own scheme), not more."""
+    x = np.random.default_rng(2).standard_normal((3, K)).astype(np.float32)
+    for name in ("q4_k", "q8_0"):
+        qtype = ggml_type(name)
+        raw = blocks(weights(), qtype)
+        exact = x.astype(np.float64) @ dequantize(raw, qtype).reshape(N, K).T.astype(np.float64)
+        y = session(raw, qtype, K).run(None, {"x": x})[0]
+        assert np.abs(y - exact).max() / np.abs(exact).max() < 0.02
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0"])
+def test_a_row_is_the_same_alone_and_among_others(name: str) -> None:
+    qtype = ggml_type(name)
+    raw = blocks(weights(), qtype)
+    x = np.random.default_rng(3).standard_normal((16, K)).astype(np.float32)
+    two, one = session(raw, qtype, K, threads=2), session(raw, qtype, K, threads=1)
+    alone = [two.run(None, {"x": x[i : i + 1]})[0][0] for i in range(16)]
+    for rows in (2, 3, 4, 5, 16):
+        together = two.run(None, {"x": x[:rows]})[0]
+        for i in range(rows):
+            assert np.array_equal(together[i], alone[i]), (rows, i)
+    assert np.array_equal(one.run(None, {"x": x})[0], two.run(None, {"x": x})[0])
+
+
+def test_leading_dimensions_and_the_scaled_rows() -> None:
+    qtype = ggml_type("q4_k")
+    raw = blocks(weights(), qtype)
+    x = np.random.default_rng(4).standard_normal((2, 3, K)).astype(np.float32)
+    y = session(raw, qtype, K, scale=0.125, scaled_rows=24).run(None, {"x": x})[0]
+    assert y.shape == (2, 3, N)
+    ref = reference(x.reshape(6, K), raw, qtype)
+    ref[:, :24] *= 0.125
+    assert np.abs(y.reshape(6, N) - ref).max() / np.abs(ref).max() < TOLERANCE
+
+
+def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
+    qtype = ggml_type("q8_0")
+    raw = blocks(weights(), qtype)
+    s = session(raw, qtype, K)
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match="last dimension"):
+        s.run(None, {"x": np.zeros((1, K - 32), np.float32)})
+    with pytest.raises(Exception, match="unsupported ggml_type 99"):
+        session(raw, qtype, K, ggml_type=99)
+    with pytest.raises(Exception, match="W must hold N rows"):
+        session(raw[:, :-2].copy(), qtype, K).run(None, {"x": np.zeros((1, K), np.float32)})
+
+
+def test_the_build_is_reused_and_a_machine_without_tools_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = kernel_library().path
+    assert built is not None and build_kernels() == built  # same sources: no second build
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, no npm
+    monkeypatch.delenv("CXX", raising=False)
+    fallback = kernel_library(tmp_path / "fresh")
+    assert not fallback.available and "no C++ compiler" in fallback.reason
+    assert "MatMulNBits" in fallback.describe()
+    monkeypatch.setenv("NPUCHAT_KERNELS", "on")
+    with pytest.raises(NpuchatError, match="NPUCHAT_KERNELS=on but the kernels cannot be built"):
+        kernel_library(tmp_path / "fresh")
+    monkeypatch.setenv("NPUCHAT_KERNELS", "off")
+    assert kernel_library().reason == "NPUCHAT_KERNELS=off"
+    monkeypatch.setenv("NPUCHAT_KERNELS", "fast")
+    with pytest.raises(NpuchatError, match="is not one of: auto, off, on"):
+        kernel_library()
