@@ -25,6 +25,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from npuchat.engine import devices
+from npuchat.engine.custom_ops import kernels_for
 from npuchat.engine.draft_models import VERIFY_K
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.npu_sizes import describe
@@ -55,7 +56,16 @@ def machine_report(ctx: AppContext) -> dict[str, Any]:
             "htp_arch": ctx.settings.htp_arch,
         },
         "auto": {"device": auto, "note": note},
+        "cpu_kernels": _cpu_kernels(),
     }
+
+
+def _cpu_kernels() -> str:
+    """Which matmul kernels a CPU model loads with (building the native ones if they are on)."""
+    try:
+        return kernels_for(4).describe()
+    except NpuchatError as exc:
+        return str(exc)
 
 
 def model_report(ctx: AppContext, name: str, device: str, console: Console) -> dict[str, Any]:
@@ -188,6 +198,7 @@ def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | No
         highlight=False,
     )
     console.print(f"[bold]{'--device auto':16}[/] {machine['auto']['note']}", highlight=False)
+    console.print(f"[bold]{'cpu matmuls':16}[/] {machine['cpu_kernels']}", highlight=False)
     if model is None:
         return
     console.print(

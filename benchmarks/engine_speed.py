@@ -8,7 +8,8 @@ that phase alone: `cold` builds the graphs into an empty cache, `run` loads them
 and measures prefill of a 512-token prompt, decode at context 128 and at 1024, and the Python
 overhead per decode step (wall time of `Model.decode` minus ONNX Runtime's run). With
 `--profile` it also prints ONNX Runtime's per-op-type time for one decode step; with `--floor`,
-the time of the model's matmuls alone (the floor ONNX Runtime's kernels put under a step). With
+the time of the model's matmuls alone (the floor ONNX Runtime's kernels put under a step); with
+`--kernels on,off`, each model with the native kernels and without (`NPUCHAT_KERNELS`). With
 `--llama-bench` it runs llama.cpp's `llama-bench -p 512 -n 128` on the same file and thread count
 and prints the ratios side by side; `benchmarks/build_llama_bench.sh` builds one from PyPI.
 
@@ -62,7 +63,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     model = Model.load(args.model, cache_dir=Path(args.cache_dir), threads=args.threads)
     load_s = time.perf_counter() - t0
     model.exact_decode = not args.no_row_padding
-    out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds}
+    out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds, "kernels": model.kernels}
     if args.phase == "cold":
         out["peak_rss_mib"] = _status_mib("VmHWM")
         return out
@@ -71,9 +72,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     prompt = token_ids(vocab, 512, 1)
     model.prefill(prompt[:16])  # warm-up (first-run allocations), then from an empty cache
     model.rollback(0)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     model.prefill(prompt)
     out["prefill512_tps"] = 512 / (time.perf_counter() - t)
+    out["prefill512_cpu_ms"] = (time.process_time() - c) / 512 * 1e3
 
     session = model._session  # measure ONNX Runtime's share of a decode step
     assert session is not None
@@ -95,12 +97,13 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         model.decode(prompt[0])  # warm-up at this capacity
         model.rollback(ctx)
         run_time[0] = 0.0
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         token = prompt[0]
         for _ in range(DECODE_TOKENS):
             token = int(model.decode(token).argmax())
         wall = time.perf_counter() - t
         out[f"decode{ctx}_tps"] = DECODE_TOKENS / wall
+        out[f"decode{ctx}_cpu_ms"] = (time.process_time() - c) / DECODE_TOKENS * 1e3
         out[f"decode{ctx}_python_ms"] = (wall - run_time[0]) / DECODE_TOKENS * 1e3
         out[f"decode{ctx}_capacity"] = model.capacity
     out["kv_bytes"] = model.kv_bytes
@@ -221,7 +224,9 @@ def _profile(model: Any, threads: int | None, pad: int) -> dict[str, float]:
     return dict(sorted(by_op.items(), key=lambda kv: -kv[1]))
 
 
-def _phase(model: Path, phase: str, cache: Path, args: argparse.Namespace) -> dict[str, Any]:
+def _phase(
+    model: Path, phase: str, cache: Path, args: argparse.Namespace, kernels: str
+) -> dict[str, Any]:
     cmd = [
         sys.executable,
         __file__,
@@ -239,7 +244,8 @@ def _phase(model: Path, phase: str, cache: Path, args: argparse.Namespace) -> di
         cmd.append("--no-row-padding")
     if args.floor:
         cmd.append("--floor")
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ, NPUCHAT_KERNELS=kernels) if kernels else None
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode:
         sys.exit(f"{phase} phase failed for {model}:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -274,6 +280,11 @@ def main() -> None:
     ap.add_argument(
         "--floor", action="store_true", help="time the model's matmuls alone (at 1 and 2 rows)"
     )
+    ap.add_argument(
+        "--kernels",
+        default="",
+        help="NPUCHAT_KERNELS modes to run side by side, e.g. on,off (default: as set)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object per model")
     ap.add_argument("--worker", choices=["cold", "run"], help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", help=argparse.SUPPRESS)
@@ -287,11 +298,13 @@ def main() -> None:
         f"threads={args.threads}  load average={os.getloadavg()[0]:.2f}  "
         f"onnxruntime={__import__('onnxruntime').__version__}"
     )
-    for name in args.models:
+    runs = [(name, mode) for name in args.models for mode in args.kernels.split(",")]
+    llama_runs: dict[Path, dict[str, float]] = {}
+    for name, mode in runs:
         path = _resolve(name)
         with tempfile.TemporaryDirectory() as cache:
-            cold = _phase(path, "cold", Path(cache), args)
-            run = _phase(path, "run", Path(cache), args)
+            cold = _phase(path, "cold", Path(cache), args, mode)
+            run = _phase(path, "run", Path(cache), args, mode)
         size_mib = path.stat().st_size / 2**20
         target = 1.3 * size_mib + run["kv_bytes"] / 2**20
         row = {
@@ -302,11 +315,13 @@ def main() -> None:
             "rss_target_mib": target,
         }
         if args.llama_bench:
-            row["llama"] = _llama_bench(args.llama_bench, path, args.threads)
+            if path not in llama_runs:  # once per model, beside every kernel mode
+                llama_runs[path] = _llama_bench(args.llama_bench, path, args.threads)
+            row["llama"] = llama_runs[path]
         if args.json:
             print(json.dumps(row))
             continue
-        print(f"\n{path.name}  ({size_mib:.0f} MiB)")
+        print(f"\n{path.name}  ({size_mib:.0f} MiB), kernels: {run['kernels']}")
         print(
             f"  load: cold {cold['load_s']:.1f} s (build, peak RSS {cold['peak_rss_mib']:.0f} "
             f"MiB), cached {run['load_s']:.2f} s (built {run['built']})"
@@ -319,13 +334,14 @@ def main() -> None:
             return f"  ({value / llama[key]:.2f}x llama.cpp {llama[key]:.1f})"
 
         print(
-            f"  prefill 512 tokens: {run['prefill512_tps']:.1f} tok/s"
-            + vs(run["prefill512_tps"], "pp512")
+            f"  prefill 512 tokens: {run['prefill512_tps']:.1f} tok/s "
+            f"(CPU {run['prefill512_cpu_ms']:.1f} ms/token)" + vs(run["prefill512_tps"], "pp512")
         )
         for ctx in (128, 1024):
             print(
                 f"  decode @ {ctx}: {run[f'decode{ctx}_tps']:.1f} tok/s "
-                f"(capacity {run[f'decode{ctx}_capacity']}, Python "
+                f"(CPU {run[f'decode{ctx}_cpu_ms']:.1f} ms/token, "
+                f"capacity {run[f'decode{ctx}_capacity']}, Python "
                 f"{run[f'decode{ctx}_python_ms']:.2f} ms/step)"
                 + (vs(run[f"decode{ctx}_tps"], "tg128") if ctx == 128 else "")
             )

@@ -8,7 +8,9 @@ never depends on the rows beside it.
 
 The library is built on first use (`kernel_build`); a machine that cannot build it (no compiler,
 no npm) keeps the pure-ONNX-Runtime path. `NPUCHAT_KERNELS` chooses: `auto` (use them when they
-build), `off`, or `on` (fail with the reason when they cannot be had).
+build), `off`, or `on` (fail with the reason when they cannot be had). The default is `off` until
+they beat `MatMulNBits` at prefill too (measured: decode and start-up faster, prefill slower;
+`benchmarks/engine_speed.py --kernels on,off`).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ __all__ = [
     "KernelLibrary",
     "kernel_library",
     "kernel_mode",
+    "kernels_for",
     "register_kernels",
 ]
 
 DOMAIN = "npuchat"
 MODE_ENV = "NPUCHAT_KERNELS"
 MODES = ("auto", "off", "on")
+DEFAULT_MODE = "off"
 Q = GGMLQuantizationType
 COVERED_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K})
 
@@ -61,7 +65,7 @@ class KernelLibrary:
 
 
 def kernel_mode() -> str:
-    mode = os.environ.get(MODE_ENV, "auto").strip().lower() or "auto"
+    mode = os.environ.get(MODE_ENV, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
     if mode not in MODES:
         raise NpuchatError(f"{MODE_ENV}={mode!r} is not one of: {', '.join(MODES)}")
     return mode
@@ -89,11 +93,19 @@ def kernel_library(root: Path | None = None) -> KernelLibrary:
     """The kernel library for this process, built on first use; `off` mode gives none."""
     mode = kernel_mode()
     if mode == "off":
-        return KernelLibrary(None, reason=f"{MODE_ENV}=off")
+        return KernelLibrary(None, reason=f"{MODE_ENV}=off; auto or on uses the native kernels")
     lib = _load(root)
     if mode == "on" and not lib.available:
         raise NpuchatError(f"{MODE_ENV}=on but the kernels cannot be built: {lib.reason}")
     return lib
+
+
+def kernels_for(accuracy_level: int) -> KernelLibrary:
+    """The kernels a CPU graph of this `MatMulNBits` accuracy level uses: the native ones
+    quantize activations to int8, as level 4 does; level 0 (float activations) keeps ORT's."""
+    if accuracy_level != 4:
+        return KernelLibrary(None, reason=f"accuracy level {accuracy_level}")
+    return kernel_library()
 
 
 def register_kernels(so: ort.SessionOptions, lib: KernelLibrary) -> None:

@@ -83,6 +83,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_attention import attend_inplace, attend_split
@@ -259,7 +260,8 @@ def make_graph(
     graph = helper.make_graph(gr.nodes, "npuchat_decoder", inputs, outputs, initializer=inits)
     model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+        + ([helper.make_opsetid(KERNEL_DOMAIN, 1)] if spec.native_kernels else []),
         producer_name="npuchat",
         producer_version=BUILDER_VERSION,
     )
@@ -276,7 +278,10 @@ def build_graphs(
     """Write `weights.bin` once and one `<name>.onnx` per spec into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with GGUFFile(gguf_path) as g:
-        weights = write_weights(g, out_dir, progress)
+        native = any(s.native_kernels for s in specs.values())
+        if native and not all(s.native_kernels for s in specs.values()):
+            raise ValueError("graphs sharing one weights.bin all use the native kernels or none")
+        weights = write_weights(g, out_dir, progress, native=native)
         cfg = g.config
         smooth = k_smoothing(g) if any(s.kv_dtype == "int8" for s in specs.values()) else []
     paths = {}

@@ -35,12 +35,20 @@ class GraphSpec:
     kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
     ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
     row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
+    native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
 
     @classmethod
-    def cpu(cls, accuracy_level: int, kv_dtype: str = "f32", ring: bool = False) -> GraphSpec:
+    def cpu(
+        cls,
+        accuracy_level: int,
+        kv_dtype: str = "f32",
+        ring: bool = False,
+        native_kernels: bool = False,
+    ) -> GraphSpec:
         """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
         cache, row padding for exact one-row decode steps; `ring`: sliding-window layers keep
-        a ring of their own size."""
+        a ring of their own size; `native_kernels`: `npuchat.QMatMul` for the block types it
+        covers."""
         return cls(
             None,
             None,
@@ -52,6 +60,7 @@ class GraphSpec:
             kv_dtype=kv_dtype,
             ring=ring,
             row_select=True,
+            native_kernels=native_kernels,
         )
 
     @classmethod
@@ -89,6 +98,8 @@ class GraphSpec:
             del key["ring"]
         if not key["row_select"]:
             del key["row_select"]
+        if not key["native_kernels"]:
+            del key["native_kernels"]
         return key
 
 

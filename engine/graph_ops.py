@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .graph_weights import Linear
 
 __all__ = ["Graph", "RowPad", "linear"]
@@ -88,8 +89,11 @@ def _kernel_rows_matter(lin: Linear) -> bool:
     ONNX Runtime runs `MatMulNBits` through a one-row kernel when M = 1. For symmetric 8-bit
     weights it agrees with the multi-row kernel bit for bit; for 4-bit weights it rounds
     differently (~1e-6, measured on ORT 1.32, AVX2). Offset Gemms and dense float MatMuls are
-    counted as differing too (MLAS has GEMV paths for one row).
+    counted as differing too (MLAS has GEMV paths for one row). `npuchat.QMatMul` computes
+    every row alone (`custom_ops`).
     """
+    if lin.ggml_type:
+        return False
     return lin.bits != 8 or bool(lin.mins)
 
 
@@ -139,7 +143,7 @@ def linear(
     pad: RowPad | None = None,
     keep_pad: bool = False,
 ) -> str:
-    """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: MatMulNBits or a dense MatMul.
+    """`x @ Wᵀ (+ bias)` for 2-D `x` over fused groups: QMatMul, MatMulNBits or a dense MatMul.
 
     Blocks with offsets (`w = scale·(q − mid) + min`) add `(Σ x per block) @ offsetsᵀ`: Reshape +
     ReduceSum (O(K); a MatMul with a 0/1 block matrix would read K²/32 floats, 10 MB per call
@@ -156,7 +160,20 @@ def linear(
     padded_all = pad is not None and all(_kernel_rows_matter(lin) for lin in lins)
     for lin in lins:
         xin = x if pad is None else pad.input_for(gr, x, lin)
-        if lin.bits == 0:
+        if lin.ggml_type:
+            y = gr.op(
+                "QMatMul",
+                [xin, lin.b],
+                domain=KERNEL_DOMAIN,
+                ggml_type=lin.ggml_type,
+                N=lin.n,
+                K=lin.k,
+                scale=float(lin.scale),
+                scaled_rows=lin.scaled_rows,
+            )
+            if lin.bias:
+                y = gr.op("Add", [y, lin.bias])
+        elif lin.bits == 0:
             y = gr.op("MatMul", [xin, lin.b])
             if lin.bias:
                 y = gr.op("Add", [y, lin.bias])

@@ -1,9 +1,10 @@
 """GGUF tensors → the graphs' initializers: one page-aligned external-data file of weights.
 
 Every graph of a model (CPU or NPU, any shape) references the same `weights.bin`, written once
-here. Matrices keep their GGUF block quantization as `MatMulNBits` (4/8-bit, block 32) or dense
-float; Q/K/V and gate/up are fused into one matrix each, llama Q/K rows are permuted back to the
-NEOX rotary layout, and attention's 1/√dh is folded into the Q weights (`graph_builder` doc).
+here. Matrices keep their GGUF block quantization as `MatMulNBits` (4/8-bit, block 32), as the
+GGUF's own blocks for `npuchat.QMatMul` (`graph_native`, when the native kernels are used), or
+dense float; Q/K/V and gate/up are fused into one matrix each, llama Q/K rows are permuted back
+to the NEOX rotary layout, and attention's 1/√dh is folded into the Q weights (`graph_builder` doc).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from onnx import TensorProto, helper
 
 from .errors import UnsupportedModelError
 from .gguf_reader import GGUFFile, ModelConfig
+from .graph_native import RawRows, native_rows, stack_native
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
+
+Matrix = QuantMatrix | RawRows
 
 __all__ = [
     "WEIGHTS_FILE",
@@ -80,6 +84,9 @@ class Linear:
     scales: str = ""
     mins: str = ""  # [N, K/32], read by the offset Gemm transposed
     bias: str = ""
+    ggml_type: int = 0  # nonzero: `b` holds GGUF blocks of this type for npuchat.QMatMul
+    scale: float = 1.0  # ... whose first `scaled_rows` outputs are multiplied by `scale`
+    scaled_rows: int = 0
 
 
 @dataclass
@@ -105,10 +112,10 @@ class Weights:
 
 
 def _store_linear(
-    w: _WeightWriter, name: str, mats: Sequence[QuantMatrix], bias: np.ndarray | None = None
+    w: _WeightWriter, name: str, mats: Sequence[Matrix], bias: np.ndarray | None = None
 ) -> list[Linear]:
     """Write matrices as fused groups of one kind each (output order is preserved)."""
-    groups: list[list[QuantMatrix]] = []
+    groups: list[list[Matrix]] = []
     for m in mats:
         if groups and groups[-1][0].kind == m.kind:
             groups[-1].append(m)
@@ -117,8 +124,18 @@ def _store_linear(
     out = []
     row = 0
     for gi, group in enumerate(groups):
-        m = concat_rows(group) if len(group) > 1 else group[0]
         base = f"{name}.{gi}"
+        if isinstance(group[0], RawRows):
+            raw, scaled_rows = stack_native([g for g in group if isinstance(g, RawRows)])
+            lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", raw.data))
+            lin.ggml_type, lin.scale, lin.scaled_rows = int(raw.ggml_type), raw.scale, scaled_rows
+            if bias is not None:
+                lin.bias = w.add(base + ".bias", bias[row : row + raw.n])
+            row += raw.n
+            out.append(lin)
+            continue
+        quant = [g for g in group if isinstance(g, QuantMatrix)]
+        m = concat_rows(quant) if len(quant) > 1 else quant[0]
         if m.bits == 0:
             assert m.dense is not None
             lin = Linear(m.n, m.k, 0, w.add(base + ".w", m.dense.T))
@@ -164,17 +181,19 @@ def _vector(g: GGUFFile, name: str) -> np.ndarray:
     return _matrix(g, name).dequantize().reshape(-1).astype(np.float32)
 
 
-def _qkv(g: GGUFFile, cfg: ModelConfig, p: str) -> tuple[list[QuantMatrix], np.ndarray | None]:
+def _qkv(
+    g: GGUFFile, cfg: ModelConfig, p: str, fetch: Callable[[str], Matrix]
+) -> tuple[list[Matrix], np.ndarray | None]:
     """Q, K, V of layer prefix `p` in NEOX rotary layout, with 1/√dh folded into Q (and bias)."""
     dq, dk = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     cuts = [slice(0, dq), slice(dq, dq + dk), slice(dq + dk, dq + 2 * dk)]
     if cfg.fused_qkv:
-        qkv = _matrix(g, p + "attn_qkv.weight")
+        qkv = fetch(p + "attn_qkv.weight")
         mats = [qkv.rows(c) for c in cuts]
         fused_bias = p + "attn_qkv.bias"
         biases = [_vector(g, fused_bias)[c] for c in cuts] if fused_bias in g.tensors else None
     else:
-        mats = [_matrix(g, p + f"attn_{x}.weight") for x in "qkv"]
+        mats = [fetch(p + f"attn_{x}.weight") for x in "qkv"]
         names = [p + f"attn_{x}.bias" for x in "qkv"]
         biases = [_vector(g, n) for n in names] if all(n in g.tensors for n in names) else None
     if cfg.arch == "llama":
@@ -193,27 +212,37 @@ def _qkv(g: GGUFFile, cfg: ModelConfig, p: str) -> tuple[list[QuantMatrix], np.n
 
 
 def write_weights(
-    g: GGUFFile, out_dir: Path, progress: Callable[[float], None] | None = None
+    g: GGUFFile,
+    out_dir: Path,
+    progress: Callable[[float], None] | None = None,
+    native: bool = False,
 ) -> Weights:
-    """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout)."""
+    """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout, or with
+    `native` the GGUF's own blocks wherever the native kernels cover the type)."""
     cfg = g.config
+
+    def fetch(name: str) -> Matrix:
+        if name not in g.tensors:
+            raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
+        return (native_rows(g, name) if native else None) or _matrix(g, name)
+
     w = _WeightWriter(out_dir / WEIGHTS_FILE)
     try:
         layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            qkv_mats, qkv_bias = _qkv(g, cfg, p)
+            qkv_mats, qkv_bias = _qkv(g, cfg, p, fetch)
             if cfg.fused_gate_up:
-                gate_up = [_matrix(g, p + "ffn_up.weight")]
+                gate_up = [fetch(p + "ffn_up.weight")]
             else:
-                gate_up = [_matrix(g, p + "ffn_gate.weight"), _matrix(g, p + "ffn_up.weight")]
+                gate_up = [fetch(p + "ffn_gate.weight"), fetch(p + "ffn_up.weight")]
             layer = Layer(
                 attn_norm=w.add(p + "attn_norm", _vector(g, p + "attn_norm.weight")),
                 ffn_norm=w.add(p + "ffn_norm", _vector(g, p + "ffn_norm.weight")),
                 qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias),
-                out=_store_linear(w, p + "attn_out", [_matrix(g, p + "attn_output.weight")]),
+                out=_store_linear(w, p + "attn_out", [fetch(p + "attn_output.weight")]),
                 gate_up=_store_linear(w, p + "gate_up", gate_up),
-                down=_store_linear(w, p + "down", [_matrix(g, p + "ffn_down.weight")]),
+                down=_store_linear(w, p + "down", [fetch(p + "ffn_down.weight")]),
             )
             if cfg.qk_norm:
                 q_norm = _vector(g, p + "attn_q_norm.weight") * np.float32(cfg.q_scale)
@@ -229,7 +258,7 @@ def write_weights(
                 progress((i + 1) / (cfg.n_layers + 1))
         head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
         out_norm = w.add("output_norm", _vector(g, "output_norm.weight"))
-        lm_head = _store_linear(w, "lm_head", [_matrix(g, head)])
+        lm_head = _store_linear(w, "lm_head", [fetch(head)])
     finally:
         w.close()
     return Weights(layers, out_norm, lm_head, w.tensors)

@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .cpu_steps import CpuSteps
+from .custom_ops import kernels_for
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
@@ -60,6 +61,7 @@ class Model:
         self._unbind: weakref.finalize | None = None  # CpuSteps.close, at close or at exit
         self._gguf: GGUFFile | None = None
         self.released_bytes = 0  # weight-file pages given back after the CPU session loaded
+        self.kernels = ""  # which matmul kernels the CPU graph runs (`custom_ops`), for doctor
 
     @classmethod
     def load(
@@ -158,7 +160,10 @@ class Model:
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            specs = {"decoder": GraphSpec.cpu(accuracy_level, kv_dtype, ring=any(cfg.swa_layers))}
+            kernels = kernels_for(accuracy_level)
+            self.kernels = kernels.describe()
+            ring = any(cfg.swa_layers)
+            specs = {"decoder": GraphSpec.cpu(accuracy_level, kv_dtype, ring, kernels.available)}
             key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()
@@ -169,7 +174,7 @@ class Model:
             def open_session(folder: Path) -> ort.InferenceSession:
                 report("loading graphs", 0.0)
                 with releasing_file_pages(folder / WEIGHTS_FILE) as released:
-                    session = create_session(folder / "decoder.onnx", device, threads)
+                    session = create_session(folder / "decoder.onnx", device, threads, kernels.path)
                 self.released_bytes = released[0]
                 return session
 

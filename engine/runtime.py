@@ -238,8 +238,13 @@ def providers_for(device: str) -> list[str]:
     raise NpuchatError(f"unknown device {device!r}; use one of: {', '.join(DEVICES)}")
 
 
-def session_options_for(device: str, threads: int | None) -> ort.SessionOptions:
+def session_options_for(
+    device: str, threads: int | None, kernels: Path | None = None
+) -> ort.SessionOptions:
+    """`kernels`: the native kernel library (`custom_ops`) the graph's QMatMul nodes need."""
     so = ort.SessionOptions()
+    if kernels is not None:
+        so.register_custom_ops_library(str(kernels))
     if threads:
         so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -254,10 +259,14 @@ def session_options_for(device: str, threads: int | None) -> ort.SessionOptions:
     return so
 
 
-def create_session(onnx_path: Path, device: str, threads: int | None) -> ort.InferenceSession:
+def create_session(
+    onnx_path: Path, device: str, threads: int | None, kernels: Path | None = None
+) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(
-            str(onnx_path), session_options_for(device, threads), providers=providers_for(device)
+            str(onnx_path),
+            session_options_for(device, threads, kernels),
+            providers=providers_for(device),
         )
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
