@@ -17,19 +17,57 @@ __all__ = ["attend_inplace", "attend_split"]
 
 
 def attend_split(
-    gr: Graph, i: int, q: str, k_new: str, v_new: str, mask: str, split_cs: str
+    gr: Graph,
+    i: int,
+    q: str,
+    k_new: str,
+    v_new: str,
+    mask: str,
+    split_cs: str,
+    k_smooth: np.ndarray | None = None,
 ) -> str:
     """Attention over the read-only cache plus the S new rows as separate column blocks.
 
     The static (NPU) layout: the cache is never copied, only the new rows come out (`new_k_i`,
-    `new_v_i`, named by the caller) and the host writes them back.
+    `new_v_i`, named by the caller) and the host writes them back, in the cache's dtype.
+    `k_smooth` `[Hkv, dh]`: the cache is int8 (`kv_layout`), K stored as `k / s` with Q
+    multiplied by `s` as in `attend_inplace`; this function then names `new_k_i` itself (the
+    smoothed rows the host quantizes). int8 rows are read through a DequantizeLinear of scale
+    1 (their integers; the QNN HTP rejects a Cast from int8, and takes the DequantizeLinear
+    only straight into a MatMul's first input, so K's product is taken as `K·Qᵀ` and
+    transposed after; the integers come in over 127 and the scales times 127, which keeps
+    fp16 products in range), and each slot's scale multiplies its score row (K) and
+    probability column (V). The new rows are attended rounded as their int8 storage will read
+    back (`_rounded_like_int8`), as the CPU graph attends them from its cache; they come out
+    unrounded for the host to quantize in float32.
     """
-    kt_past = gr.op("Transpose", [f"past_k_{i}"], perm=[0, 1, 3, 2])
+    past_k, past_v = f"past_k_{i}", f"past_v_{i}"
+    if k_smooth is not None:
+        k_new = gr.op(
+            "Mul",
+            [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)],
+            outputs=[f"new_k_{i}"],
+        )
+        q = gr.op("Mul", [q, _per_channel(gr, f"k_smooth_{i}", k_smooth)])
+        unit = gr.scalar(1.0 / 127.0)  # the integers over 127: |x| <= 1
+        k_unit = gr.op("DequantizeLinear", [past_k, unit])
+        qt = gr.op("Transpose", [q], perm=[0, 1, 3, 2])
+        k_absmax = gr.op("Mul", [f"{past_k}_scale", gr.scalar(127.0)])  # [B, Hkv, C, 1]
+        scored = gr.op("Mul", [gr.op("MatMul", [k_unit, qt]), k_absmax])  # [B, Hkv, C, G·S]
+        scores_past = gr.op("Transpose", [scored], perm=[0, 1, 3, 2])
+    else:
+        scores_past = gr.op("MatMul", [q, gr.op("Transpose", [past_k], perm=[0, 1, 3, 2])])
+    if k_smooth is not None:  # attend the new rows as the cache will hold them
+        k_new, v_new = _rounded_like_int8(gr, k_new), _rounded_like_int8(gr, v_new)
     kt_new = gr.op("Transpose", [k_new], perm=[0, 1, 3, 2])
-    scores = gr.op("Concat", [gr.op("MatMul", [q, kt_past]), gr.op("MatMul", [q, kt_new])], axis=-1)
+    scores = gr.op("Concat", [scores_past, gr.op("MatMul", [q, kt_new])], axis=-1)
     probs = gr.op("Softmax", [gr.op("Add", [scores, mask])], axis=-1)
     p_past, p_new = gr.op("Split", [probs, split_cs], n_out=2, axis=-1)
-    return gr.op("Add", [gr.op("MatMul", [p_past, f"past_v_{i}"]), gr.op("MatMul", [p_new, v_new])])
+    if k_smooth is not None:
+        v_absmax = gr.op("Mul", [f"{past_v}_scale", gr.scalar(127.0)])
+        p_past = gr.op("Mul", [p_past, gr.op("Transpose", [v_absmax], perm=[0, 1, 3, 2])])
+        past_v = gr.op("DequantizeLinear", [past_v, unit])
+    return gr.op("Add", [gr.op("MatMul", [p_past, past_v]), gr.op("MatMul", [p_new, v_new])])
 
 
 def attend_inplace(
@@ -98,6 +136,14 @@ def _store_rows(
     scales = gr.op("ScatterND", [f"{past}_scale", slots, scale], outputs=[f"{present}_scale"])
     columns = gr.op("Transpose", [scales], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: C floats
     return gr.op("Cast", [stored], to=TensorProto.FLOAT), columns
+
+
+def _rounded_like_int8(gr: Graph, rows: str) -> str:
+    """`rows` `[B, Hkv, S, dh]` rounded to what their int8 storage reads back (scale per row,
+    `absmax / 127`, as `_store_rows`), in float: the HTP runs Round but no float-int8 cast."""
+    absmax = gr.op("ReduceMax", [gr.op("Abs", [rows]), gr.ints([-1])], keepdims=1)
+    scale = gr.op("Max", [gr.op("Div", [absmax, gr.scalar(127.0)]), gr.scalar(1e-30)])
+    return gr.op("Mul", [gr.op("Round", [gr.op("Div", [rows, scale])]), scale])
 
 
 def _per_channel(gr: Graph, name: str, values: np.ndarray) -> str:

@@ -36,7 +36,9 @@ The CPU cache may store K/V as float16 or int8 with a scale per (token, head), K
 channel (`GraphSpec.kv_dtype`, `kv_layout`, `kv_smoothing`): the scatter then writes converted
 rows (and, for int8, `past_*_i_scale` inputs /
 `present_*_i_scale` outputs `[B, Hkv, C, 1]`, bound in place the same way) and attention reads
-the cache back as float32.
+the cache back as float32. The static (NPU) graph may read an int8 cache too (its scales as
+`past_*_i_scale` inputs; `graph_attention.attend_split`); its new rows still come out as float32
+and the host quantizes them.
 
 The CPU graph also takes `token_rows` int64 `[N]` (which of the B·S rows are real tokens) and
 `row_tokens` int64 `[B·S]` (which of those N tokens each row of the rectangle copies): the
@@ -127,8 +129,8 @@ def make_graph(
     level = spec.accuracy_level
     eps = float(cfg.rms_eps)
     inplace = spec.kv_inplace
-    if spec.kv_dtype != "f32" and not inplace:
-        raise NpuchatError(f"{spec.kv_dtype} K/V is built for the CPU graph only; use f32")
+    if spec.kv_dtype == "f16" and not inplace:
+        raise NpuchatError("f16 K/V is built for the CPU graph only; use f32 or int8")
     inputs, outputs = graph_io(cfg, spec, dims)
 
     # Shared per-step tensors: the mask tiled over the G query heads of each KV head, and the
@@ -223,11 +225,13 @@ def make_graph(
             outputs=None if inplace else [f"new_v_{i}"],
             perm=[0, 2, 1, 3],
         )
+        smooth = graph_layout(k_smooth[i], cfg) if spec.kv_dtype == "int8" else None
         if inplace:  # no [C, S] column split: attention reads the cache only
-            smooth = graph_layout(k_smooth[i], cfg) if spec.kv_dtype == "int8" else None
             slots = "kv_slots_swa" if local and ring and cfg.mixed_windows else "kv_slots"
             store = (spec.kv_dtype, dh)
             att = attend_inplace(gr, i, q, rope(k, local), v, mask, store, smooth, slots)
+        elif smooth is not None:  # int8: attend_split names the smoothed rows `new_k_i`
+            att = attend_split(gr, i, q, rope(k, local), v, mask, split_cs(i), smooth)
         else:
             att = attend_split(gr, i, q, rope(k, local, f"new_k_{i}"), v, mask, split_cs(i))
         att = gr.op("Reshape", [att, gr.ints([0, h, -1, dh])])

@@ -32,7 +32,7 @@ class GraphSpec:
     kv_inplace: bool = False  # the CPU layout: new rows scattered into the cache (module doc)
     row_padding: bool = False  # a `pad_rows` input (`graph_ops.RowPad`): exact one-row decode steps
     batch: int | None = 1  # B sequences side by side, each its own cache row (`None` = symbolic)
-    kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); others: in-place graphs only
+    kv_dtype: str = "f32"  # how the cache stores K/V (`kv_layout`); f16: in-place graphs only
     ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
     row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
@@ -72,9 +72,11 @@ class GraphSpec:
         accuracy_level: int,
         batch: int = 1,
         ring: int = 0,
+        kv_dtype: str = "f32",
     ) -> GraphSpec:
         """A fixed-shape graph for the NPU, with norms the HTP accepts (no fused ones);
-        `ring`: the sliding layers' cache rows (0: the capacity, through the mask)."""
+        `ring`: the sliding layers' cache rows (0: the capacity, through the mask); `kv_dtype`
+        f32 or int8 (the new rows come out as float32 either way)."""
         return cls(
             seq_len,
             capacity,
@@ -82,6 +84,7 @@ class GraphSpec:
             accuracy_level,
             fused_norms=False,
             batch=batch,
+            kv_dtype=kv_dtype,
             ring=ring or False,
         )
 
@@ -187,9 +190,11 @@ def graph_io(
         for kind in "kv":
             inputs.append(_value_info(f"past_{kind}_{i}", [b, hkv, c_i, dh], kv_elem))
             out = f"{out_prefix}_{kind}_{i}"
-            outputs.append(_value_info(out, [b, hkv, rows_dim, dh], kv_elem))
+            out_elem = kv_elem if inplace else TensorProto.FLOAT  # static: the host stores them
+            outputs.append(_value_info(out, [b, hkv, rows_dim, dh], out_elem))
         if spec.kv_dtype == "int8":  # a scale per (token, head): `kv_layout`
             for kind in "kv":
                 inputs.append(_value_info(f"past_{kind}_{i}_scale", [b, hkv, c_i, 1]))
-                outputs.append(_value_info(f"present_{kind}_{i}_scale", [b, hkv, c_i, 1]))
+                if inplace:
+                    outputs.append(_value_info(f"present_{kind}_{i}_scale", [b, hkv, c_i, 1]))
     return inputs, outputs

@@ -42,7 +42,14 @@ import numpy as np
 
 from .errors import NpuchatError
 
-__all__ = ["KV_DTYPES", "KVSnapshot", "bytes_per_token", "check_kv_dtype", "kv_dtype_of"]
+__all__ = [
+    "KV_DTYPES",
+    "KVSnapshot",
+    "bytes_per_token",
+    "check_kv_dtype",
+    "kv_dtype_of",
+    "quantize_rows",
+]
 
 KV_DTYPES: dict[str, type[np.generic]] = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
 _SCALE_BYTES = 4  # one float32 per (token, head) for int8 rows
@@ -58,6 +65,16 @@ def check_kv_dtype(name: str) -> str:
 def kv_dtype_of(dtype: np.dtype) -> str | None:
     """The KV dtype name of arrays of `dtype`, None when it is none of them."""
     return next((name for name, t in KV_DTYPES.items() if np.dtype(t) == dtype), None)
+
+
+def quantize_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int8 rows and their scales `[..., 1]` for float rows `[..., dh]`, as the CPU graph
+    quantizes them (`graph_attention._store_rows`): scale `max(absmax / 127, tiny)`, values
+    rounded half to even. The NPU's static graphs return float rows; the host stores them so."""
+    x = np.asarray(rows, np.float32)
+    absmax = np.abs(x).max(axis=-1, keepdims=True)
+    scale = np.maximum(absmax / np.float32(127.0), np.float32(1e-30))
+    return np.clip(np.rint(x / scale), -128, 127).astype(np.int8), scale
 
 
 def bytes_per_token(kv_dtype: str, n_layers: int, n_kv_heads: int, head_dim: int) -> int:

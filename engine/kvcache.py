@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import NpuchatError
 from .graph_builder import MASK_NEG
-from .kv_layout import KV_DTYPES, KVSnapshot, bytes_per_token, check_kv_dtype
+from .kv_layout import KV_DTYPES, KVSnapshot, bytes_per_token, check_kv_dtype, quantize_rows
 from .kv_pages import ReservedBuffer
 from .kv_ring import RingShape, usable_length
 from .model_config import ModelConfig
@@ -311,15 +311,19 @@ class KVCache:
     ) -> None:
         """Copy rows `rows` of batch entry `batch_index` of per-layer new K/V `[B, Hkv, S, dh]`
         into cache row `row` at the slots of positions from `at` (the static graphs' float
-        rows: f32 caches)."""
-        if self.kv_dtype != "f32":
-            raise NpuchatError(f"float K/V rows cannot be written into a {self.kv_dtype} cache")
+        rows: f32 caches, or int8 ones, quantized here as the CPU graph does)."""
+        if self.kv_dtype == "f16":
+            raise NpuchatError("float K/V rows cannot be written into a f16 cache")
         count = len(range(*rows.indices(new_k[0].shape[2])))
         self._check_room(at, count)
         for i in range(self.n_layers):
             slots = self.slots(i, at, count)
-            self.k[i][row][:, slots] = new_k[i][batch_index, :, rows]
-            self.v[i][row][:, slots] = new_v[i][batch_index, :, rows]
+            k, v = new_k[i][batch_index, :, rows], new_v[i][batch_index, :, rows]
+            if self.kv_dtype == "int8":
+                (k, k_scale), (v, v_scale) = quantize_rows(k), quantize_rows(v)
+                self.k_scale[i][row][:, slots], self.v_scale[i][row][:, slots] = k_scale, v_scale
+            self.k[i][row][:, slots] = k
+            self.v[i][row][:, slots] = v
         self.note_written(row, at + count)
 
     def _check_room(self, at: int, count: int) -> None:

@@ -88,7 +88,7 @@ class Model:
         `prefill_chunk`: rows per prefill step; by default 128 on the CPU and, on the NPU, the
         rows of its one step graph (`npu_compile.NPU_STEP_ROWS`: every step pays for them).
         `kv_dtype` is how the cache stores K/V: "f32", "f16" or "int8" (`kv_layout`; the NPU's
-        static graphs keep f32).
+        static graph reads f32 or int8).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
@@ -97,8 +97,8 @@ class Model:
         if prefill_chunk < 1 or verify_k < 0 or batch_max < 1:
             raise NpuchatError("prefill_chunk and batch_max must be ≥ 1 and verify_k ≥ 0")
         check_kv_dtype(kv_dtype)
-        if device == "npu" and kv_dtype != "f32":
-            raise NpuchatError("the NPU graphs keep f32 K/V; use kv_dtype f32 with device npu")
+        if device == "npu" and kv_dtype == "f16":
+            raise NpuchatError("the NPU graph keeps f32 or int8 K/V; use one of them")
         self = cls()
         self.path = Path(gguf_path).expanduser().resolve()
         self.device, self.batch_max = device, int(batch_max)
@@ -156,6 +156,7 @@ class Model:
                 progress=report,
                 batch_max=self.batch_max,
                 ring=self._kv.ring_slots,
+                kv_dtype=kv_dtype,
             )
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0

@@ -68,17 +68,21 @@ def npu_specs(
     accuracy_level: int = 4,
     batch_max: int = 1,
     ring: int = 0,
+    kv_dtype: str = "f32",
 ) -> dict[str, GraphSpec]:
     """The NPU's one graph, `step`: S = max(P, k+1) rows for each of the `batch_max` cache
     rows, at capacity C, with the logits of each entry's last k+1 rows; `ring`: the sliding
-    layers' ring slots (`kv_ring`; 0: none).
+    layers' ring slots (`kv_ring`; 0: none); `kv_dtype`: the cache it reads, f32 or int8.
 
     One graph serves every step (prefill chunks, decode, verify, batched decode), left-padded
     (`npu_graphs`), so the set holds one copy of the weights (`npu_sizes`). Why one graph and
     not one per shape: module doc."""
     rows = max(prefill_chunk, verify_k + 1)
     logits = batch_max * (verify_k + 1)
-    return {"step": GraphSpec.static(rows, capacity, logits, accuracy_level, batch_max, ring)}
+    if kv_dtype not in ("f32", "int8"):
+        raise NpuchatError(f"the NPU graph reads f32 or int8 K/V, not {kv_dtype}")
+    spec = GraphSpec.static(rows, capacity, logits, accuracy_level, batch_max, ring, kv_dtype)
+    return {"step": spec}
 
 
 def adapt_for_htp(model: onnx.ModelProto) -> onnx.ModelProto:

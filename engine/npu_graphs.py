@@ -15,7 +15,9 @@ fp16 HTP computes for them stays finite (a NaN in a masked column would still po
 softmax of the real rows).
 
 Every input and output is an OrtValue over a preallocated numpy buffer bound once (IOBinding);
-the cache buffers are bound by reference, so a step copies only the new rows.
+the cache buffers are bound by reference, so a step copies only the new rows. An int8 cache
+(`kv_layout`) is read with its scales; the graph returns the new rows as float32 (K smoothed)
+and `KVCache.write` quantizes them the way the CPU graph does.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class _Bound:
         b, s, c, r = spec.batch, spec.seq_len, spec.capacity, spec.logit_rows
         f32 = np.float32
         self.session = session
-        self.batch, self.seq_len = b, s
+        self.batch, self.seq_len, self.kv_dtype = b, s, spec.kv_dtype
         self.per = r // b  # logit rows of each entry: its last `per` rows
         self.embeddings = np.zeros((b, s, cfg.d_model), f32)
         self.ring = int(spec.ring) if spec.ring is not False and any(cfg.swa_layers) else 0
@@ -117,6 +119,9 @@ class _Bound:
         for i in range(kv.n_layers):
             self._bind(f"past_k_{i}", kv.k[i], output=False)
             self._bind(f"past_v_{i}", kv.v[i], output=False)
+            if kv.k_scale:  # int8: each slot's scale (`kv_layout`)
+                self._bind(f"past_k_{i}_scale", kv.k_scale[i], output=False)
+                self._bind(f"past_v_{i}_scale", kv.v_scale[i], output=False)
         self.cache_key = kv.generation
 
     def fill(
@@ -201,11 +206,14 @@ class NpuGraphs:
         progress: ProgressFn | None = None,
         batch_max: int = 1,
         ring: int = 0,
+        kv_dtype: str = "f32",
     ) -> NpuGraphs:
         """Compile (first use) or load (later) the step graph, then open its session.
-        `ring`: the sliding layers' ring slots (0: none)."""
+        `ring`: the sliding layers' ring slots (0: none); `kv_dtype`: the cache's, f32 or int8."""
         opts = opts or QnnOptions()
-        specs = npu_specs(prefill_chunk, verify_k, capacity, accuracy_level, batch_max, ring)
+        specs = npu_specs(
+            prefill_chunk, verify_k, capacity, accuracy_level, batch_max, ring, kv_dtype
+        )
         compiled = compile_npu_graphs(gguf_path, model_sha, specs, cache, opts, progress)
         if progress:
             progress("loading NPU graphs", 0.0)
@@ -221,10 +229,10 @@ class NpuGraphs:
             raise NpuchatError("the NPU graphs are closed; load the model again")
         if kv.capacity != self.capacity:
             raise NpuchatError(f"the NPU graphs hold {self.capacity} KV slots, not {kv.capacity}")
-        if g.ring != kv.ring_slots or g.batch != kv.rows:
+        if g.ring != kv.ring_slots or g.batch != kv.rows or g.kv_dtype != kv.kv_dtype:
             raise NpuchatError(
-                f"the NPU graph takes {g.batch} rows and {g.ring} ring slots, the cache "
-                f"{kv.rows} and {kv.ring_slots}; this is a bug"
+                f"the NPU graph takes {g.batch} rows, {g.ring} ring slots and {g.kv_dtype} K/V, "
+                f"the cache {kv.rows}, {kv.ring_slots} and {kv.kv_dtype}; this is a bug"
             )
         return g
 
