@@ -2,6 +2,8 @@
 
     python benchmarks/concurrency.py [--model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b]
                                      [--threads 2] [--tokens 48] [--json F]
+                                     [--only aggregate,background,paste,switch,rss]
+                                     [--trace STEPS.log]
 
 For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no drafts:
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import shutil
 import statistics
@@ -48,6 +51,7 @@ from npuchat.engine.events import (
 from npuchat.engine.paths import Paths
 from npuchat.engine.pull import pull
 from npuchat.engine.session import ChatSession
+from npuchat.engine.step_trace import log as step_log
 
 LONG_TOKENS = 2000
 PROMPTS = [
@@ -149,53 +153,84 @@ class Figures(dict[str, float]):
         print(f"  {key:34s} {value:10.3f}", flush=True)
 
 
-def measure(path: Path, cache: Path, threads: int, tokens: int) -> dict[str, float]:
+SECTIONS = ("aggregate", "background", "paste", "switch", "rss")
+
+
+def measure(
+    path: Path, cache: Path, threads: int, tokens: int, sections: set[str]
+) -> dict[str, float]:
     out = Figures()
-    engine = open_engine(path, cache, 4, threads, [512, 1024, 2048, 4096])
-    try:
-        list(engine.generate(request("warm", "hi", 4), threading.Event()))  # graphs built
-        for n in (1, 2, 4):
-            out[f"aggregate_{n}_tps"] = aggregate(engine, n, tokens, f"agg{n}-")
-        out["aggregate_2_x"] = out["aggregate_2_tps"] / out["aggregate_1_tps"]
-        out["aggregate_4_x"] = out["aggregate_4_tps"] / out["aggregate_1_tps"]
+    if sections & {"aggregate", "background", "paste"}:
+        engine = open_engine(path, cache, 4, threads, [512, 1024, 2048, 4096])
+        try:
+            list(engine.generate(request("warm", "hi", 4), threading.Event()))  # graphs built
+            if "aggregate" in sections:
+                aggregate_figures(engine, tokens, out)
+            if "background" in sections:
+                background_figures(engine, tokens, out)
+            if "paste" in sections:
+                paste_figures(engine, tokens, out)
+        finally:
+            engine.close()
+    if "switch" in sections:
+        switch_figures(path, cache, threads, out)
+    return out
 
-        alone = Stream(engine, request("fg-alone", PROMPTS[0], tokens))
-        alone.run()
-        bg = Stream(engine, request("bg", PROMPTS[1], 10 * tokens, "background"))
-        bg.start()
-        while not bg.times:
-            time.sleep(0.01)
-        fg = Stream(engine, request("fg", PROMPTS[0], tokens))
-        fg.run()
-        bg.cancel.set()
-        bg.join()
-        assert isinstance(alone.final, Finished) and isinstance(fg.final, Finished)
-        out["interactive_alone_tps"] = alone.final.metrics.decode_tps
-        out["interactive_with_bg_tps"] = fg.final.metrics.decode_tps
-        out["interactive_with_bg_x"] = out["interactive_with_bg_tps"] / max(
-            out["interactive_alone_tps"], 1e-9
-        )
 
-        text = long_text(engine, LONG_TOKENS)
-        streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
-        streaming.start()
-        while len(streaming.times) < 12:
-            time.sleep(0.01)
-        t_long = time.perf_counter()
-        big = Stream(engine, request("paste", text, 2))
-        big.run()
-        t_done = big.times[0] if big.times else time.perf_counter()
-        streaming.cancel.set()
-        streaming.join()
-        pairs = list(zip(streaming.times, streaming.times[1:], strict=False))
-        before = [b - a for a, b in pairs if b <= t_long]
-        during = [b - a for a, b in pairs if t_long < b <= t_done]
-        out["gap_normal_s"] = statistics.median(before)
-        out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
-        out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
-        out["long_prefill_ttft_s"] = t_done - t_long
-    finally:
-        engine.close()
+def aggregate_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+    for n in (1, 2, 4):
+        out[f"aggregate_{n}_tps"] = aggregate(engine, n, tokens, f"agg{n}-")
+    out["aggregate_2_x"] = out["aggregate_2_tps"] / out["aggregate_1_tps"]
+    out["aggregate_4_x"] = out["aggregate_4_tps"] / out["aggregate_1_tps"]
+
+
+def background_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+    alone = Stream(engine, request("fg-alone", PROMPTS[0], tokens))
+    alone.run()
+    bg = Stream(engine, request("bg", PROMPTS[1], 10 * tokens, "background"))
+    bg.start()
+    while not bg.times:
+        time.sleep(0.01)
+    fg = Stream(engine, request("fg", PROMPTS[0], tokens))
+    fg.run()
+    bg.cancel.set()
+    bg.join()
+    assert isinstance(alone.final, Finished) and isinstance(fg.final, Finished)
+    out["interactive_alone_tps"] = alone.final.metrics.decode_tps
+    out["interactive_with_bg_tps"] = fg.final.metrics.decode_tps
+    out["interactive_with_bg_x"] = out["interactive_with_bg_tps"] / max(
+        out["interactive_alone_tps"], 1e-9
+    )
+
+
+def paste_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+    text = long_text(engine, LONG_TOKENS)
+    # its own text (nothing of it in the prefix store when the paste comes)
+    alone = Stream(engine, request("paste-alone", "Once more: " + text, 2))
+    alone.run()
+    assert isinstance(alone.final, Finished), alone.final
+    streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
+    streaming.start()
+    while len(streaming.times) < 12:
+        time.sleep(0.01)
+    t_long = time.perf_counter()
+    big = Stream(engine, request("paste", text, 2))
+    big.run()
+    t_done = big.times[0] if big.times else time.perf_counter()
+    streaming.cancel.set()
+    streaming.join()
+    pairs = list(zip(streaming.times, streaming.times[1:], strict=False))
+    before = [b - a for a, b in pairs if b <= t_long]
+    during = [b - a for a, b in pairs if t_long < b <= t_done]
+    out["gap_normal_s"] = statistics.median(before)
+    out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
+    out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
+    out["long_prefill_alone_ttft_s"] = alone.final.metrics.ttft_s
+    out["long_prefill_ttft_s"] = t_done - t_long
+    out["long_prefill_x_alone"] = out["long_prefill_ttft_s"] / out["long_prefill_alone_ttft_s"]
+
+
+def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:
     for slots in (4, 1):
         shutil.rmtree(cache / "prefixes", ignore_errors=True)  # cold means cold
         engine = open_engine(path, cache, slots, threads, [4096])
@@ -230,7 +265,6 @@ def measure(path: Path, cache: Path, threads: int, tokens: int) -> dict[str, flo
             finally:
                 engine.close()
     shutil.rmtree(cache / "prefixes", ignore_errors=True)
-    return out
 
 
 def rss_child(path: str, cache: str, slots: int, threads: int) -> None:
@@ -257,19 +291,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
+    ap.add_argument("--graphs", type=Path, help="a graph cache folder to reuse (not rebuilt)")
+    ap.add_argument("--trace", type=Path, help="write the per-step trace (step_trace) here")
     ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
         rss_child(args.rss_child[0], args.rss_child[1], int(args.rss_child[2]), args.threads)
         return
+    sections = set(args.only.split(","))
+    if sections - set(SECTIONS):
+        ap.error(f"unknown sections {sorted(sections - set(SECTIONS))}; choose from {SECTIONS}")
+    if args.trace:
+        handler = logging.FileHandler(args.trace, mode="w")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        step_log.addHandler(handler)
+        step_log.setLevel(logging.DEBUG)
     report = {}
     for name in args.model or ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]:
         path = model_path(name)
         print(name, flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             cache = Path(tmp)
-            figures = measure(path, cache, args.threads, args.tokens)
-            for slots in (1, 4):
+            if args.graphs:  # built graphs reused (the prefix folder stays private)
+                (cache / "graphs").symlink_to(args.graphs.resolve(), target_is_directory=True)
+            figures = measure(path, cache, args.threads, args.tokens, sections)
+            for slots in (1, 4) if "rss" in sections else ():
                 for key, value in rss(path, cache, slots, args.threads).items():
                     figures[f"{key}_{slots}slot_4096"] = value
         report[name] = dict(figures)

@@ -27,13 +27,13 @@ Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
   interactive decode batch (a batch row costs far less than a step of its own); a background
   prefill chunk gets one step in `BACKGROUND_EVERY` while interactive streams decode;
 * when decodes and a prompt both wait, they share mixed steps, the chunk sized from measured
-  times so a mixed step costs about `MIX_TARGET` decode steps (`step_costs`): a stream's next
-  token then never waits more than about twice its usual time. A step costs a fixed part
-  (reading the weights) plus a part per row, so alternating a decode step with a prefill chunk
-  of its own could never keep that bound. One step in `REFRESH_EVERY` is a plain decode, so
-  the decode time the chunk is sized from stays current. On the NPU they alternate, the
-  chunk sized to cost about one decode step (`step_costs`); with nothing decoding, chunks are
-  the model's full prefill chunk;
+  times so a mixed step costs about `MIX_TARGET` of the streams' usual steps (`step_costs`): a
+  stream's next token then never waits much more than its usual time. (A step costs a fixed
+  part, reading the weights, plus a part per row: a prefill chunk of its own between decode
+  steps could never keep that bound.) One step in `REFRESH_EVERY` is a plain decode, so the
+  decode time stays current. The cache grows with the prompt (`_make_room`). On the NPU they
+  alternate, the chunk costing about one decode step; with nothing decoding, chunks are the
+  model's full prefill chunk;
 * cancel: a prefill checks its request's cancel event between chunks, and a chunk run alone
   is ended by it while it runs (`run_abort`);
 * a parked sequence (`Sequence.park`: its row given to an interactive request) has its steps
@@ -51,16 +51,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from .errors import NpuchatError, RequestCancelled
 from .model import Model
 from .run_abort import abortable
+from .scheduler_steps import BatchedSteps, Choice, Step, StepKind
 from .sequence import Sequence, SlotTable
 from .step_costs import StepCosts
+from .step_trace import StepTrace
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +69,11 @@ __all__ = ["StepScheduler"]
 GATHER_S = 0.003  # how long to wait for every running sequence to hand in its step
 LATE_S = 0.03  # how long a step waits for a streaming sequence's next decode step
 BACKGROUND_EVERY = 4  # a background prefill chunk gets 1 engine step in this many
-_ROOM_SPARE = 16  # slots reserved past what a mixed-in prompt and its streams will reach
 _PARKED_POLL_S = 0.05  # how often a parked sequence's cancel is looked at
-StepKind = Literal["prefill", "decode", "verify"]
 INTERACTIVE, BACKGROUND = 0, 1
 
 
-@dataclass(eq=False)
-class _Step:
-    seq: Sequence
-    kind: StepKind
-    ids: list[int]
-    priority: int
-    cancel: threading.Event | None
-    order: int
-    done: threading.Event = field(default_factory=threading.Event)
-    result: np.ndarray | None = None
-    error: BaseException | None = None
-    offset: int = 0  # prefill: tokens already run
-
-
-class StepScheduler:
+class StepScheduler(BatchedSteps):
     """Runs the steps of many sequences on one model from one thread (module doc)."""
 
     def __init__(
@@ -104,7 +88,7 @@ class StepScheduler:
         self.clock = clock
         self.lock = threading.RLock()  # held while a step runs or the cache is edited
         self._cv = threading.Condition()
-        self._pending: list[_Step] = []
+        self._pending: list[Step] = []
         self._registered: dict[int, tuple[Sequence, int, threading.Event | None]] = {}
         self._streaming: dict[int, int] = {}  # id(seq) -> priority, last step a decode/verify
         self._prompting: dict[int, bool] = {}  # id(seq): more of its prompt is coming
@@ -115,6 +99,7 @@ class StepScheduler:
         self._closed = False
         self.steps: list[tuple[str, object, int]] = []  # (kind, rows or tokens, priority): tests
         self.record_steps = False
+        self.trace = StepTrace(lambda: model.capacity)  # `npuchat.engine.steps` at DEBUG
         self._thread = threading.Thread(target=self._loop, name="npuchat-scheduler", daemon=True)
         self._thread.start()
 
@@ -173,7 +158,7 @@ class StepScheduler:
                 raise NpuchatError("the engine is closed")
             _, priority, cancel = self._registered.get(id(seq), (seq, INTERACTIVE, None))
             self._order += 1
-            step = _Step(seq, kind, list(ids), priority, cancel, self._order)
+            step = Step(seq, kind, list(ids), priority, cancel, self._order)
             self._pending.append(step)
             if kind == "prefill":
                 self._streaming.pop(id(seq), None)
@@ -211,7 +196,7 @@ class StepScheduler:
                         self._pending.remove(step)
             self._run(chosen)
 
-    def _runnable(self) -> list[_Step]:
+    def _runnable(self) -> list[Step]:
         """Pending steps that may run now: a parked sequence's wait until it resumes, unless
         its request was cancelled (answered at once)."""
         return [
@@ -236,20 +221,20 @@ class StepScheduler:
             self._cv.wait(left)
             expected &= set(self._registered)
 
-    def _choose(self) -> _Choice | None:
+    def _choose(self) -> Choice | None:
         pending = sorted(self._runnable(), key=lambda s: (s.priority, s.order))
         if not pending:
             return None
         for step in pending:  # a cancelled prefill (or any step of a parked one) is answered
             cancelled = step.cancel is not None and step.cancel.is_set()
             if cancelled and (step.kind == "prefill" or step.seq.parked is not None):
-                return _Choice("cancel", [step], True)
+                return Choice("cancel", [step], True)
         verifies = [s for s in pending if s.kind == "verify"]
         decodes = [s for s in pending if s.kind == "decode"]
         prefills = [s for s in pending if s.kind == "prefill"]
         top = pending[0].priority
         if verifies and verifies[0].priority == top:
-            return _Choice("verify", [verifies[0]], True)
+            return Choice("verify", [verifies[0]], True)
         if prefills:
             p = prefills[0]
             streams = {k: v for k, v in self._streaming.items() if k != id(p.seq)}
@@ -260,10 +245,11 @@ class StepScheduler:
             if p.priority == INTERACTIVE and not interactive_streams:
                 return self._prefill_choice(p, full=True)  # background waits (paused)
             if p.priority == INTERACTIVE or not interactive_streams:
-                if decodes and self.model.mixes_steps and not self.costs.needs_refresh:
+                mixing = decodes and self.model.mixes_steps
+                if mixing and not self.costs.needs_refresh(self._mix_rows(decodes), self._cap):
                     return self._mixed_choice(p, decodes)
                 if decodes and self.model.mixes_steps:  # a plain step: a current decode time
-                    return _Choice("decode", decodes[: self.model.batch_max], True)
+                    return Choice("decode", decodes[: self.model.batch_max], True)
                 if self._last != "prefill" or not decodes:
                     return self._prefill_choice(p, full=False)
             elif not decodes or (self._turn % BACKGROUND_EVERY == 0 and self._last == "decode"):
@@ -271,28 +257,20 @@ class StepScheduler:
                     return self._mixed_choice(p, decodes)
                 return self._prefill_choice(p, full=False)
         if decodes and (any(d.priority == INTERACTIVE for d in decodes) or top == BACKGROUND):
-            return _Choice("decode", decodes[: self.model.batch_max], True)
+            return Choice("decode", decodes[: self.model.batch_max], True)
         if verifies:
-            return _Choice("verify", [verifies[0]], True)
+            return Choice("verify", [verifies[0]], True)
         return self._prefill_choice(prefills[0], full=True)
 
-    def _prefill_choice(self, step: _Step, full: bool) -> _Choice:
+    def _prefill_choice(self, step: Step, full: bool) -> Choice:
         left = len(step.ids) - step.offset
         n = left if full else min(left, self.costs.chunk_tokens())
         n = min(n, self.model.prefill_chunk) if full else n
-        return _Choice("prefill", [step], step.offset + n >= len(step.ids), n)
+        return Choice("prefill", [step], step.offset + n >= len(step.ids), n)
 
-    def _mixed_choice(self, prefill: _Step, decodes: list[_Step]) -> _Choice:
-        """The decode steps and a chunk of the prefill in one engine step, the chunk sized so
-        the step costs about `MIX_TARGET` decode steps of those rows (`StepCosts`)."""
-        rows = decodes[: self.model.batch_max - 1]
-        room = self.model.max_capacity - max(self.model.length(d.seq.row) for d in rows)
-        left = len(prefill.ids) - prefill.offset
-        n = max(1, min(left, self.costs.mix_tokens(len(rows)), room))
-        return _Choice("mixed", [*rows, prefill], prefill.offset + n >= len(prefill.ids), n)
-
-    def _run(self, chosen: _Choice) -> None:
+    def _run(self, chosen: Choice) -> None:
         self._turn += 1
+        began, kind = self.trace.begin(), str(chosen.kind)
         try:
             with self.lock:
                 if chosen.kind == "cancel":
@@ -303,9 +281,8 @@ class StepScheduler:
                     step = chosen.steps[0]
                     step.result = self.model.verify(step.ids, row=step.seq.row)
                 elif chosen.kind == "mixed":
-                    if not self._run_mixed(chosen.steps, chosen.tokens):
-                        chosen.finishes = False  # the prompt waits for its room (`_make_room`)
-                        self._repend(chosen.steps[-1])
+                    if not self._run_mixed(chosen):
+                        kind = "wait-room"  # the prompt waits for its room (`_make_room`)
                 else:
                     self._run_prefill(chosen.steps[0], chosen.tokens)
                 if chosen.finishes and chosen.steps[-1].kind == "prefill":
@@ -323,63 +300,14 @@ class StepScheduler:
             if last.kind == "prefill":
                 with self.lock:
                     self.model.reserve(0)
+        rows = sum(s.kind == "decode" for s in chosen.steps)
+        tokens = len(chosen.steps[0].ids) if kind == "verify" else chosen.tokens
+        self.trace.end(began, kind, rows, 0 if kind == "wait-room" else tokens)
         for step in chosen.steps:  # an unfinished prefill waits for its next chunk
             if step.kind != "prefill" or chosen.finishes:
                 step.done.set()
 
-    def _contiguous(self, steps: list[_Step]) -> None:
-        """Swap rows so the steps' sequences hold rows 0..B-1 (one view of the cache)."""
-        for i, step in enumerate(sorted(steps, key=lambda s: s.seq.row)):
-            self.slots.swap(step.seq.row, i)
-
-    def _run_decode(self, steps: list[_Step]) -> None:
-        self._contiguous(steps)
-        steps.sort(key=lambda s: s.seq.row)
-        t0 = self.clock()
-        logits = self.model.decode_batch([s.ids[0] for s in steps], first_row=0)
-        self.costs.decoded(len(steps), self.clock() - t0)
-        for j, step in enumerate(steps):
-            step.result = logits[j]
-        if self.record_steps:
-            self.steps.append(("decode", len(steps), min(s.priority for s in steps)))
-
-    def _repend(self, step: _Step) -> None:
-        with self._cv:
-            if step not in self._pending:
-                self._pending.append(step)
-
-    def _make_room(self, decodes: list[_Step], prefill: _Step) -> bool:
-        """Reserve the capacity the prompt and the streams will reach while it is read in
-        mixed steps (`Model.reserve`): the cache then moves once, at a step where little is
-        in it, instead of at each capacity on the way, which costs the streams a step's
-        worth of copying each time. False while its pages are still being faulted in."""
-        left = len(prefill.ids) - prefill.offset
-        steps = left // max(1, self.costs.mix_tokens(len(decodes)))  # tokens each stream adds
-        ends = [self.model.length(d.seq.row) + steps for d in decodes]
-        need = max(self.model.length(prefill.seq.row) + left, *ends) + _ROOM_SPARE
-        return self.model.reserve(min(need, self.model.max_capacity))
-
-    def _run_mixed(self, steps: list[_Step], n: int) -> bool:
-        """Decode steps plus `n` tokens of the last step's prefill, in one graph run; only
-        the decode steps (False) while the room for the prompt is being made ready."""
-        *decodes, prefill = steps
-        if not self._make_room(decodes, prefill):
-            self._run_decode(decodes)
-            return False
-        self._contiguous(steps)
-        order = sorted(steps, key=lambda s: s.seq.row)
-        chunk = prefill.ids[prefill.offset : prefill.offset + n]
-        t0 = self.clock()
-        logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order])
-        self.costs.mixed(len(decodes), n, self.clock() - t0)
-        for j, step in enumerate(order):
-            step.result = logits[j]
-        prefill.offset += n
-        if self.record_steps:
-            self.steps.append(("mixed", (len(decodes), n), min(s.priority for s in steps)))
-        return True
-
-    def _run_prefill(self, step: _Step, n: int) -> None:
+    def _run_prefill(self, step: Step, n: int) -> None:
         chunk = step.ids[step.offset : step.offset + n]
         t0 = self.clock()
         with abortable(step.cancel) as run_options:  # a chunk of this sequence alone
@@ -389,11 +317,3 @@ class StepScheduler:
         step.result = logits
         if self.record_steps:
             self.steps.append(("prefill", n, step.priority))
-
-
-@dataclass
-class _Choice:
-    kind: Literal["prefill", "decode", "verify", "mixed", "cancel"]
-    steps: list[_Step]
-    finishes: bool  # the prefill (if any) is answered after this engine step; others always
-    tokens: int = 0  # prefill: tokens in this chunk

@@ -3,19 +3,33 @@
 A step costs a fixed part (reading the weights, the same for one row or several) plus a part
 per row, so a prefill chunk mixed into a decode step costs far less than a step of its own. The
 scheduler asks here how many prompt tokens it may mix into a decode step so that the step costs
-about `MIX_TARGET` plain ones (a stream's next token then never waits much more than usual), and,
-where steps cannot mix (the NPU's static graphs), how many cost about one decode step.
+about `MIX_TARGET` of the streams' *usual* steps (their decode steps while no prompt is read
+beside them), and, where steps cannot mix (the NPU's static graphs), how many cost about one
+decode step.
+
+Costs are kept per cache capacity: every row attends all C slots of the cache, so a long prompt
+that moves the cache to a larger capacity makes every step of the streams dearer, and a budget
+taken from the step time at the new capacity would let their tokens slow down by more than the
+budget says. What a mixed-in chunk adds is fitted as a line, `fixed + n * per_token`: its row
+costs a part of its own whatever its length (its logits row through the vocabulary matmul, its
+attention over the cache), and a chunk sized as if that part were paid per token would stay at
+one token for the rest of a paste.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from .drafters import ema
 
 __all__ = ["MIX_TARGET", "REFRESH_EVERY", "StepCosts"]
 
-MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many decode steps
+MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many usual steps
 REFRESH_EVERY = 12  # while mixing, one plain decode step in this many keeps its time current
 _FIRST_MIX = 4  # prompt tokens in a mixed step before anything is measured
+_SAMPLES = 8  # mixed steps the line is fitted to, per (decode rows, capacity)
+
+Key = tuple[int, int]  # (decode rows, cache capacity)
 
 
 class StepCosts:
@@ -23,54 +37,99 @@ class StepCosts:
 
     def __init__(self, prefill_chunk: int) -> None:
         self.prefill_chunk = prefill_chunk
-        self.t_decode: float | None = None  # seconds per batched decode step
-        self.t_rows: dict[int, float] = {}  # the same, per number of rows decoded
+        self.t_rows: dict[Key, float] = {}  # seconds per decode step of b rows at capacity C
+        self.usual: dict[int, float] = {}  # the same while no prompt waits, per rows
+        self.last: Key | None = None  # the latest decode step's key
         self.t_token: float | None = None  # seconds per token of a prefill chunk of its own
-        self.t_mix_token: float | None = None  # seconds a prompt token adds to a mixed step
+        self.samples: dict[Key, deque[tuple[int, float]]] = {}  # mixed: (tokens, added seconds)
         self.mixed_run = 0  # mixed steps since the last plain decode step
         self.mix_last = _FIRST_MIX  # prompt tokens in the last mixed step
 
-    def decoded(self, rows: int, seconds: float) -> None:
-        self.t_decode = ema(self.t_decode, seconds, 0.3)
-        self.t_rows[rows] = ema(self.t_rows.get(rows), seconds, 0.3)
-        self.mixed_run = 0
+    @property
+    def t_decode(self) -> float | None:
+        """Seconds of the latest kind of decode step (the NPU's chunks are sized from it)."""
+        return self.t_rows[self.last] if self.last is not None else None
+
+    def decoded(self, rows: int, seconds: float, capacity: int, prompt_waits: bool) -> None:
+        """A plain decode step of `rows` rows at `capacity`; `prompt_waits`: a prompt is being
+        read beside them (the step does not say what the streams usually cost)."""
+        key = (rows, capacity)
+        self.t_rows[key] = ema(self.t_rows.get(key), seconds, 0.3)
+        if not prompt_waits:
+            self.usual[rows] = ema(self.usual.get(rows), seconds, 0.3)
+        self.last, self.mixed_run = key, 0
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         if tokens >= 2:
             self.t_token = ema(self.t_token, seconds / tokens, 0.3)
 
-    def mixed(self, decodes: int, tokens: int, seconds: float) -> None:
-        """Learn what a prompt token adds to a mixed step with `decodes` decode rows. One slow
-        step (the first at a new capacity, a busy machine) moves the estimate at most
-        threefold, so it cannot collapse the chunk for the rest of a paste; the decode time
-        itself stays current through the plain steps `needs_refresh` asks for."""
+    def mixed(self, decodes: int, tokens: int, seconds: float, capacity: int) -> None:
+        """Learn what `tokens` prompt tokens add to a decode step of `decodes` rows. One slow
+        step (a busy machine) moves the line at most threefold, so it cannot collapse the chunk
+        for the rest of a paste; the decode time itself stays current through the plain steps
+        `needs_refresh` asks for."""
         self.mix_last = tokens
         self.mixed_run += 1
-        t_decode = self.t_rows.get(decodes)
-        if t_decode is None or tokens < 2:
+        base = self._decode_time(decodes, capacity)
+        if base is None:
             return
-        sample = max(seconds - t_decode, 0.0) / tokens
-        if self.t_mix_token is not None:
-            sample = min(sample, 3 * self.t_mix_token)
-        self.t_mix_token = ema(self.t_mix_token, sample, 0.3)
+        added = max(seconds - base, 0.0)
+        line = self._line(decodes, capacity)
+        if line is not None:
+            added = min(added, 3 * (line[0] + tokens * line[1]))
+        self.samples.setdefault((decodes, capacity), deque(maxlen=_SAMPLES)).append(
+            (tokens, added)
+        )
 
-    @property
-    def needs_refresh(self) -> bool:
-        """Whether the next step should be a plain decode step (its time is getting stale)."""
-        return self.mixed_run >= REFRESH_EVERY
+    def needs_refresh(self, decodes: int, capacity: int) -> bool:
+        """Whether the next step should be a plain decode step: its time is getting stale, or
+        unknown at this capacity."""
+        return self.mixed_run >= REFRESH_EVERY or self._decode_time(decodes, capacity) is None
 
-    def mix_tokens(self, decodes: int) -> int:
-        """Prompt tokens a mixed step with `decodes` decode rows can carry: `MIX_TARGET - 1`
-        decode steps' worth, growing at most twofold a step (no overshoot on a first, lucky
-        measurement)."""
-        t_decode = self.t_rows.get(decodes)
-        if t_decode is None or self.t_mix_token is None:
-            return _FIRST_MIX
-        fit = (MIX_TARGET - 1) * t_decode / max(self.t_mix_token, 1e-9)
+    def mix_tokens(self, decodes: int, capacity: int) -> int:
+        """Prompt tokens a mixed step with `decodes` decode rows at `capacity` can carry: what
+        fits between the step's own decode time and `MIX_TARGET` usual steps, growing at most
+        twofold a step (no overshoot on a first, lucky measurement). At a capacity not mixed at
+        yet (the cache just moved) it starts again from one token."""
+        base = self._decode_time(decodes, capacity)
+        line = self._line(decodes, capacity)
+        if base is None or line is None:
+            return _FIRST_MIX if not self.samples else 1
+        fixed, per_token = line
+        budget = MIX_TARGET * self.usual.get(decodes, base)
+        fit = (budget - base - fixed) / max(per_token, 1e-9)
+        samples = self.samples[(decodes, capacity)]
+        seen = {n for n, _ in samples}
+        if len(seen) == 1 and base + max(t for _, t in samples) < budget:
+            fit = max(fit, next(iter(seen)) + 1)  # one size seen, under budget: try one more
         return int(max(1, min(self.prefill_chunk, fit, 2 * self.mix_last)))
 
     def chunk_tokens(self) -> int:
         """Prompt tokens a chunk of its own can take for about one decode step, at least one."""
-        if self.t_decode is None or self.t_token is None or self.t_token <= 0:
+        t_decode = self.t_decode
+        if t_decode is None or self.t_token is None or self.t_token <= 0:
             return min(8, self.prefill_chunk)
-        return int(max(1, min(self.prefill_chunk, self.t_decode / self.t_token)))
+        return int(max(1, min(self.prefill_chunk, t_decode / self.t_token)))
+
+    def _decode_time(self, decodes: int, capacity: int) -> float | None:
+        """A decode step of `decodes` rows at `capacity`: measured, or the nearest row count
+        measured at that capacity (a step of 3 rows is never run alone when 4 stream)."""
+        known = [(abs(b - decodes), t) for (b, c), t in self.t_rows.items() if c == capacity]
+        return self.t_rows.get((decodes, capacity), min(known)[1] if known else None)
+
+    def _line(self, decodes: int, capacity: int) -> tuple[float, float] | None:
+        """(fixed, per token) seconds a mixed-in chunk adds, fitted to the recent mixed steps
+        at this shape (least squares; through zero while one chunk size has been seen)."""
+        samples = self.samples.get((decodes, capacity))
+        if not samples:
+            return None
+        ns = [n for n, _ in samples]
+        ts = [t for _, t in samples]
+        mean_n, mean_t = sum(ns) / len(ns), sum(ts) / len(ts)
+        var = sum((n - mean_n) ** 2 for n in ns)
+        if var > 0:
+            slope = sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts, strict=True)) / var
+            fixed = mean_t - slope * mean_n
+            if slope > 0 and fixed >= 0:
+                return fixed, slope
+        return 0.0, max(sum(ts) / max(sum(ns), 1), 1e-9)
