@@ -16,8 +16,9 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 * TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
   against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
   prefix store and back); and that turn again after a restart (its KV read back from disk);
-* peak RSS of a child process that loads the model with 1 or 4 slots at capacity 4,096 and
-  touches every KV page (what a full cache holds).
+* peak RSS of a child process that loads the model with 1 or 4 slots at capacity 4,096, fills
+  every slot and runs a decode step over them, beside its RSS once loaded and the KV bytes (the
+  load's own peak, prepacking the weights, is reset first: it does not depend on the slots).
 
 Graphs are built before anything is timed; each model gets a private prefix folder, so the cold
 figures are cold.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import shutil
 import statistics
 import subprocess
@@ -160,7 +160,7 @@ def measure(
     path: Path, cache: Path, threads: int, tokens: int, sections: set[str]
 ) -> dict[str, float]:
     out = Figures()
-    if sections & {"aggregate", "background", "paste"}:
+    if sections & {"aggregate", "background"}:
         engine = open_engine(path, cache, 4, threads, [512, 1024, 2048, 4096])
         try:
             list(engine.generate(request("warm", "hi", 4), threading.Event()))  # graphs built
@@ -168,10 +168,10 @@ def measure(
                 aggregate_figures(engine, tokens, out)
             if "background" in sections:
                 background_figures(engine, tokens, out)
-            if "paste" in sections:
-                paste_figures(engine, tokens, out)
         finally:
             engine.close()
+    if "paste" in sections:
+        paste_figures(path, cache, threads, tokens, out)
     if "switch" in sections:
         switch_figures(path, cache, threads, out)
     return out
@@ -203,12 +203,31 @@ def background_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> N
     )
 
 
-def paste_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+def paste_figures(path: Path, cache: Path, threads: int, tokens: int, out: Figures) -> None:
+    """The paste alone, then beside a stream, each on an engine of its own (a row left holding
+    the first paste would keep the cache at a large capacity for the stream)."""
+    caps = [512, 1024, 2048, 4096]
+    engine = open_engine(path, cache, 4, threads, caps)
+    try:
+        list(engine.generate(request("warm", "hi", 4), threading.Event()))
+        alone = Stream(engine, request("paste-alone", long_text(engine, LONG_TOKENS), 2))
+        alone.run()
+        assert isinstance(alone.final, Finished), alone.final
+    finally:
+        engine.close()
+    shutil.rmtree(cache / "prefixes", ignore_errors=True)  # not read back from disk
+    engine = open_engine(path, cache, 4, threads, caps)
+    try:
+        paste_beside_a_stream(engine, tokens, out)
+    finally:
+        engine.close()
+    out["long_prefill_alone_ttft_s"] = alone.final.metrics.ttft_s
+    out["long_prefill_x_alone"] = out["long_prefill_ttft_s"] / out["long_prefill_alone_ttft_s"]
+
+
+def paste_beside_a_stream(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+    list(engine.generate(request("warm", "hi", 4), threading.Event()))
     text = long_text(engine, LONG_TOKENS)
-    # its own text (nothing of it in the prefix store when the paste comes)
-    alone = Stream(engine, request("paste-alone", "Once more: " + text, 2))
-    alone.run()
-    assert isinstance(alone.final, Finished), alone.final
     streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
     streaming.start()
     while len(streaming.times) < 12:
@@ -225,9 +244,7 @@ def paste_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
     out["gap_normal_s"] = statistics.median(before)
     out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
     out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
-    out["long_prefill_alone_ttft_s"] = alone.final.metrics.ttft_s
     out["long_prefill_ttft_s"] = t_done - t_long
-    out["long_prefill_x_alone"] = out["long_prefill_ttft_s"] / out["long_prefill_alone_ttft_s"]
 
 
 def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:
@@ -267,12 +284,37 @@ def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:
     shutil.rmtree(cache / "prefixes", ignore_errors=True)
 
 
+def status_mib(field: str) -> float:
+    """A figure of /proc/self/status (VmRSS: resident now, VmHWM: the peak) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def rss_child(path: str, cache: str, slots: int, threads: int) -> None:
-    """Load from the built graphs (no build peak), touch every KV page of every slot."""
+    """Load from the built graphs, then fill every slot to 4,096 and run a decode step over
+    all of them: the peak of that (the load's own peak, from prepacking the weights, is reset
+    first: it is the same for any number of slots and would hide the KV)."""
     engine = open_engine(Path(path), Path(cache), slots, threads, [4096])
-    engine.model._kv.data.fill(0.0)  # what a full cache holds
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"peak_rss_mib": peak, "kv_mib": engine.model.kv_bytes / 2**20}))
+    load_peak, loaded = status_mib("VmHWM"), status_mib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux)
+    model = engine.model
+    with engine.scheduler.locked():
+        model._kv.data.fill(0.0)  # what a full cache holds
+        for row in range(slots):
+            model._kv.lengths[row] = 4095
+        model.decode_batch([1] * slots)  # a step's own buffers at that shape
+    print(
+        json.dumps(
+            {
+                "load_peak_rss_mib": load_peak,
+                "loaded_rss_mib": loaded,
+                "peak_rss_mib": status_mib("VmHWM"),
+                "kv_mib": model.kv_bytes / 2**20,
+            }
+        )
+    )
     engine.close()
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "KVSnapshot",
     "bytes_per_token",
     "check_kv_dtype",
+    "default_capacities",
     "kv_dtype_of",
     "quantize_rows",
 ]
@@ -139,3 +140,15 @@ class KVSnapshot:
         # the last part missing ring rows decides (the ones after it hold all theirs)
         missing = [p.ring_from for p in parts if p.ring_from > p.start]
         return cls(parts[0].start, k, v, *scales, ring_from=max(missing, default=0))
+
+
+def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
+    """KV capacity variants up to the model's context (at most `limit`).
+
+    Every decode step reads the whole `[C]` cache (masked), so the waste is the gap between the
+    fill level and C: steps of 256 up to 2048 and of 1024 beyond keep it ≤ 25%. On the CPU a
+    variant costs nothing but the one copy when the cache moves to it (one symbolic graph).
+    """
+    top = max(1, min(context_length, limit))
+    steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
+    return [*(c for c in steps if c < top), top]

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import NpuchatError
 from .layer_inputs import MASK_NEG
 from .model_config import ModelConfig
 
-__all__ = ["RingShape", "ring_rows", "usable_length"]
+__all__ = ["RingFloors", "RingShape", "ring_rows", "usable_length"]
 
 
 def usable_length(n: int, floor: int, window: int) -> int:
@@ -76,3 +77,41 @@ class RingShape:
         new = (j <= i) & (i - j < self.window) & (j >= pad)
         out[0, :, :rc] = np.where(ring & (i >= pad), 0.0, MASK_NEG)
         out[0, :, rc:] = np.where(new | (i == j), 0.0, MASK_NEG)
+
+
+class RingFloors:
+    """Each cache row's floor (module doc), and the lengths it makes usable. Without a ring
+    (`ring` None) every length is usable and the floors stay 0."""
+
+    def __init__(self, ring: RingShape | None, rows: int) -> None:
+        self.ring = ring
+        self.floor = [0] * rows
+
+    def usable(self, n: int, row: int) -> int:
+        """n if row `row` can continue from length n, else 0."""
+        return usable_length(n, self.floor[row], self.ring.window) if self.ring else n
+
+    def usable_prefix(self, n: int, ring_from: int) -> int:
+        """The same for rows taken from slot 0 with `ring_from` (a snapshot's)."""
+        return usable_length(n, ring_from, self.ring.window) if self.ring else n
+
+    def written(self, row: int, end: int) -> None:
+        """Positions up to `end` (exclusive) were written into the row's rings: the rows
+        `end - R` and older are gone."""
+        if self.ring is not None:
+            self.floor[row] = max(self.floor[row], end - self.ring.size)
+
+    def swap(self, a: int, b: int) -> None:
+        self.floor[a], self.floor[b] = self.floor[b], self.floor[a]
+
+    def for_import(self, row: int, at: int, end: int, ring_from: int) -> int:
+        """The row's floor once a snapshot with `ring_from` fills `[at, end)`; an error when
+        the rings could not continue from `end` then."""
+        if self.ring is None:
+            return 0
+        floor = max(self.floor[row] if at else 0, ring_from, end - self.ring.size)
+        if usable_length(end, floor, self.ring.window) != end:
+            raise NpuchatError(
+                f"the KV snapshot's sliding-window rows end before position {end}; prefill instead"
+            )
+        return floor

@@ -22,20 +22,8 @@ from .errors import NpuchatError
 from .graph_builder import MASK_NEG
 from .kv_layout import KV_DTYPES, KVSnapshot, bytes_per_token, check_kv_dtype, quantize_rows
 from .kv_pages import ReservedBuffer
-from .kv_ring import RingShape, usable_length
+from .kv_ring import RingFloors, RingShape
 from .model_config import ModelConfig
-
-
-def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
-    """KV capacity variants up to the model's context (at most `limit`).
-
-    Every decode step reads the whole `[C]` cache (masked), so the waste is the gap between the
-    fill level and C: steps of 256 up to 2048 and of 1024 beyond keep it ≤ 25%. On the CPU a
-    variant costs nothing but the one copy when the cache moves to it (one symbolic graph).
-    """
-    top = max(1, min(context_length, limit))
-    steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
-    return [*(c for c in steps if c < top), top]
 
 
 class KVCache:
@@ -47,7 +35,7 @@ class KVCache:
 
     With a `window` and `sliding` layers, those layers keep `[rows, Hkv, Rc, dh]`: a ring of
     `window + step_rows` slots (`kv_ring`), or C slots while C is smaller. Each row's
-    `ring_floor` is the first position the ring still holds.
+    `floors` (`kv_ring.RingFloors`) says from which lengths its rings can continue.
     """
 
     def __init__(
@@ -77,7 +65,7 @@ class KVCache:
         if self.sliding and len(self.sliding) != n_layers:
             raise NpuchatError("the sliding-layer flags must name every layer")
         self.ring = RingShape(window, step_rows) if any(self.sliding) else None
-        self.ring_floor = [0] * self.rows  # first position each row's rings still hold
+        self.floors = RingFloors(self.ring, self.rows)  # first positions the rings hold
         self.capacity = 0
         self.data: np.ndarray = np.zeros(0, self.dtype)  # every buffer, flat
         self.k: list[np.ndarray] = []
@@ -169,7 +157,9 @@ class KVCache:
         memory: fresh pages cost a page fault each, and faults in this process measured
         ~40 µs a page (0.9 s for 90 MB moved at a step). The pages a larger capacity will touch
         are faulted in ahead, off the step path (`_prefault`); a smaller capacity hands the
-        tail's pages back to the OS. A ring's slots move whole (they are not in position order).
+        tail's pages back to the OS. A ring's slots move whole (they are not in position order);
+        other blocks move the slots their own row holds (a long row does not make every row's
+        blocks copy its length).
         """
         self._pages.join()
         old, used = self.capacity, max(self.lengths)
@@ -179,7 +169,8 @@ class KVCache:
         if old:
             for j in order:  # numpy copies overlapping ranges correctly
                 (a, ca, ring), (b, cb, _) = src[j], dst[j]
-                n = min(ca, cb) if ring else min(used, ca, cb)
+                mine = self.lengths[j // self.n_kv_heads % self.rows]  # the block's row holds
+                n = min(ca, cb) if ring else min(mine, ca, cb)
                 if n and a != b:
                     flat[b : b + n * dh] = flat[a : a + n * dh]
         size = self._data_bytes(capacity) // self.dtype.itemsize
@@ -251,13 +242,7 @@ class KVCache:
     def usable(self, n: int, row: int = 0) -> int:
         """The longest length ≤ n row `row` can continue from: n itself, or 0 when n is past
         what its sliding layers' rings still hold (`kv_ring`)."""
-        n = min(n, self.lengths[row])
-        return usable_length(n, self.ring_floor[row], self.ring.window) if self.ring else n
-
-    def usable_prefix(self, n: int, ring_from: int) -> int:
-        """The longest prefix ≤ n of rows taken from slot 0 with `ring_from` (a snapshot's)
-        that an import can continue from."""
-        return usable_length(n, ring_from, self.ring.window) if self.ring else n
+        return self.floors.usable(min(n, self.lengths[row]), row)
 
     def rollback(self, n: int, row: int = 0) -> None:
         if not 0 <= n <= self.lengths[row]:
@@ -271,13 +256,10 @@ class KVCache:
             )
         self.lengths[row] = n
         if n == 0:
-            self.ring_floor[row] = 0
+            self.floors.floor[row] = 0
 
     def note_written(self, row: int, end: int) -> None:
-        """Positions up to `end` (exclusive) were written into row `row`'s rings: the rows
-        `end - R` and older are gone."""
-        if self.ring is not None:
-            self.ring_floor[row] = max(self.ring_floor[row], end - self.ring.size)
+        self.floors.written(row, end)
 
     def swap(self, a: int, b: int) -> None:
         """Exchange the contents of rows `a` and `b` (so a batch's rows can be contiguous)."""
@@ -292,7 +274,7 @@ class KVCache:
                     buf[a, :, :n] = buf[b, :, :n]
                     buf[b, :, :n] = tmp
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
-        self.ring_floor[a], self.ring_floor[b] = self.ring_floor[b], self.ring_floor[a]
+        self.floors.swap(a, b)
 
     def slots(self, layer: int, at: int, count: int) -> slice | np.ndarray:
         """The slots of positions `at..at+count` in layer `layer` (a ring's wrap around)."""
@@ -376,7 +358,7 @@ class KVCache:
             raise NpuchatError(
                 f"cannot export KV rows {start}..{end}: the cache holds {self.lengths[row]}"
             )
-        floor = self.ring_floor[row]
+        floor = self.floors.floor[row]
         out: list[list[np.ndarray]] = []
         for layers in self.parts():
             out.append([])
@@ -402,14 +384,8 @@ class KVCache:
             raise NpuchatError(
                 f"cannot import KV at slot {at}: the cache holds {self.lengths[row]}"
             )
-        end, floor = at + snap.length, 0
-        if self.ring is not None:
-            floor = max(self.ring_floor[row] if at else 0, snap.ring_from, end - self.ring.size)
-            if usable_length(end, floor, self.ring.window) != end:
-                raise NpuchatError(
-                    f"the KV snapshot's sliding-window rows end before position {end}; "
-                    "prefill instead"
-                )
+        end = at + snap.length
+        floor = self.floors.for_import(row, at, end, snap.ring_from)
         self.ensure(end)
         for dsts, srcs in zip(self.parts(), snap.parts(), strict=True):
             for i, (dst, src) in enumerate(zip(dsts, srcs, strict=True)):
@@ -419,4 +395,4 @@ class KVCache:
                 else:
                     dst[row, :, at:end] = src[0]
         self.lengths[row] = end
-        self.ring_floor[row] = floor
+        self.floors.floor[row] = floor

@@ -29,12 +29,13 @@ from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
-from .kv_layout import check_kv_dtype
-from .kvcache import KVCache, KVSnapshot, default_capacities
+from .kv_layout import check_kv_dtype, default_capacities
+from .kvcache import KVCache, KVSnapshot
 from .layer_inputs import rope_tables
 from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
 from .npu_graphs import NpuGraphs
 from .process_memory import releasing_file_pages
+from .row_inputs import left_padded
 from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
 from .token_embeddings import TokenEmbeddings
 
@@ -237,7 +238,7 @@ class Model:
     def usable(self, n: int, row: int = 0, ring_from: int | None = None) -> int:
         """`KVCache.usable` (of stored rows: `usable_prefix`): sliding layers' rings forget."""
         kv = self._kv
-        return kv.usable(n, row) if ring_from is None else kv.usable_prefix(n, ring_from)
+        return kv.usable(n, row) if ring_from is None else kv.floors.usable_prefix(n, ring_from)
 
     def kv_export(self, start: int, end: int, row: int = 0) -> KVSnapshot:
         return self._kv.export(start, end, row)
@@ -343,10 +344,8 @@ class Model:
         """One step for rows `first_row ..`, each with its own new tokens (a decode token, or
         a prefill chunk), in one graph run; logits after each row's last token `[B, vocab]`.
 
-        Rows shorter than the longest are left-padded: the pad rows sit at slots past the
-        row's new tokens (never attended by them, overwritten by later tokens), so each real
-        row is computed as it is in a decode or prefill step of its own. The matmuls skip the
-        pad rows (`CpuSteps.run`'s `real`): the step costs the rows it computes.
+        Shorter rows are left-padded (`row_inputs`): each real row is computed as in a step
+        of its own. The matmuls skip the pad rows (`CpuSteps.run`'s `real`).
         """
         rows_ids = [self._check_ids(r) for r in ids]
         b = len(rows_ids)
@@ -355,15 +354,9 @@ class Model:
         if self._cpu is None:
             raise NpuchatError("steps of mixed shapes run on the CPU graph only")
         kv = self._kv
-        s = max(len(r) for r in rows_ids)
         starts = [kv.lengths[first_row + j] for j in range(b)]
-        kv.ensure(max(starts) + s)
-        pos = np.zeros((b, s), np.int64)
-        emb = np.zeros((b, s, self.config.d_model), np.float32)
-        for j, (row_ids, n) in enumerate(zip(rows_ids, starts, strict=True)):
-            k = len(row_ids)
-            pos[j] = np.concatenate([np.arange(n + k, n + s), np.arange(n, n + k)])
-            emb[j, s - k :] = self.embed(row_ids)
+        kv.ensure(max(starts) + max(len(r) for r in rows_ids))  # pad slots are written too
+        pos, emb = left_padded(rows_ids, starts, self.embed, self.config.d_model)
         cos, sin = self._cos[pos], self._sin[pos]
         local = (self._cos_swa[pos], self._sin_swa[pos])
         pad = 1 if self.exact_decode and b == 1 else 0  # one logit row

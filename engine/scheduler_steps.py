@@ -102,7 +102,7 @@ class BatchedSteps:
         decode meanwhile). The cache grows with the prompt, not to what the whole prompt will
         need at its first chunk: every row attends all of the capacity's slots, so the
         streams would pay the largest capacity's attention for the whole paste."""
-        ends = [self.model.length(d.seq.row) + 1 for d in decodes]
+        ends = [self.model.length(d.seq.row) + n for d in decodes]  # their pad slots too
         need = max(self.model.length(prefill.seq.row) + n, *ends) + _ROOM_SPARE
         return self.model.reserve(min(need, self.model.max_capacity))
 
