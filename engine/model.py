@@ -42,6 +42,7 @@ from .token_embeddings import TokenEmbeddings
 __all__ = ["KVSnapshot", "Model", "ModelConfig", "default_capacities"]
 
 Progress = Callable[[str, float], None]
+Pair = tuple[np.ndarray, np.ndarray]
 
 
 class Model:
@@ -306,12 +307,10 @@ class Model:
         return self._step(ids, all_rows=True, row=row)
 
     def decode_batch(self, tokens: Sequence[int], first_row: int = 0) -> np.ndarray:
-        """One decode step for the sequences in rows `first_row ..`, one token each, in one run.
-
-        Returns their logits `[B, vocab]`. Each row gives the same logits as `decode` on that
-        row alone: the matmuls run every row through the same multi-row kernels (a lone row is
-        padded, `exact_decode`) and attention is per row.
-        """
+        """One decode step for the sequences in rows `first_row ..`, one token each, in one run:
+        their logits `[B, vocab]`, each row's the same as `decode` on that row alone (the
+        matmuls run every row through the same multi-row kernels, a lone row padded:
+        `exact_decode`; attention is per row)."""
         ids = self._check_ids(tokens)
         b = len(ids)
         if not b >= 1 or first_row + b > self.batch_max:
@@ -322,15 +321,12 @@ class Model:
         kv.ensure(int(pos.max()) + 1)
         emb = np.stack([self.embed([t]) for t in ids])
         if self._npu is not None:
-            local = (self._cos_swa[pos], self._sin_swa[pos])
-            logits = self._npu.step_batch(
-                emb[:, 0], self._cos[pos], self._sin[pos], kv, first_row, local
-            )
+            cos, sin, local = self._rope(pos)
+            logits = self._npu.step_batch(emb[:, 0], cos, sin, kv, first_row, local)
         else:
             assert self._cpu is not None
             pad = 1 if self.exact_decode and b == 1 else 0
-            cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]
-            local = (self._cos_swa[pos][:, None], self._sin_swa[pos][:, None])
+            cos, sin, local = self._rope(pos[:, None])
             logits = self._cpu.run(emb, cos, sin, pos[:, None], first_row, 1, pad, local)
         for r in rows:
             kv.lengths[r] += 1
@@ -357,8 +353,7 @@ class Model:
         starts = [kv.lengths[first_row + j] for j in range(b)]
         kv.ensure(max(starts) + max(len(r) for r in rows_ids))  # pad slots are written too
         pos, emb = left_padded(rows_ids, starts, self.embed, self.config.d_model)
-        cos, sin = self._cos[pos], self._sin[pos]
-        local = (self._cos_swa[pos], self._sin_swa[pos])
+        cos, sin, local = self._rope(pos)
         pad = 1 if self.exact_decode and b == 1 else 0  # one logit row
         real = [len(r) for r in rows_ids]
         logits = self._cpu.run(emb, cos, sin, pos, first_row, 1, pad, local, real=real)
@@ -385,25 +380,21 @@ class Model:
         kv = self._kv
         n = kv.lengths[row]
         kv.ensure(n + s)
-        if self._npu is not None:
-            emb, rows = self.embed(ids), slice(n, n + s)
-            local = (self._cos_swa[rows], self._sin_swa[rows])
-            logits = self._npu.step(emb, self._cos[rows], self._sin[rows], kv, all_rows, local, row)
-            kv.lengths[row] = n + s
-            return logits
-        assert self._cpu is not None
-        pad = 1 if self.exact_decode and (s == 1 or not all_rows) else 0  # one logit row
         pos = np.arange(n, n + s)
-        logits = self._cpu.run(
-            self.embed(ids)[None],
-            self._cos[pos][None],
-            self._sin[pos][None],
-            pos[None],
-            row,
-            s if all_rows else 1,
-            pad,
-            (self._cos_swa[pos][None], self._sin_swa[pos][None]),
-            run_options=run,
-        )
+        if self._npu is not None:
+            cos, sin, local = self._rope(pos)
+            logits = self._npu.step(self.embed(ids), cos, sin, kv, all_rows, local, row)
+        else:
+            assert self._cpu is not None
+            pad = 1 if self.exact_decode and (s == 1 or not all_rows) else 0  # one logit row
+            cos, sin, local = self._rope(pos[None])
+            emb, rows = self.embed(ids)[None], s if all_rows else 1
+            logits = self._cpu.run(emb, cos, sin, pos[None], row, rows, pad, local, run_options=run)
         kv.lengths[row] = n + s
         return logits
+
+    def _rope(
+        self, pos: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """Rotary (cos, sin) at positions `pos` (any shape), and the sliding layers' own."""
+        return self._cos[pos], self._sin[pos], (self._cos_swa[pos], self._sin_swa[pos])

@@ -77,9 +77,7 @@ class StepCosts:
         line = self._line(decodes, capacity)
         if line is not None:
             added = min(added, 3 * (line[0] + tokens * line[1]))
-        self.samples.setdefault((decodes, capacity), deque(maxlen=_SAMPLES)).append(
-            (tokens, added)
-        )
+        self.samples.setdefault((decodes, capacity), deque(maxlen=_SAMPLES)).append((tokens, added))
 
     def needs_refresh(self, decodes: int, capacity: int) -> bool:
         """Whether the next step should be a plain decode step: its time is getting stale, or
