@@ -281,12 +281,11 @@ class StepScheduler(BatchedSteps):
                     step = chosen.steps[0]
                     step.result = self.model.verify(step.ids, row=step.seq.row)
                 elif chosen.kind == "mixed":
-                    if not self._run_mixed(chosen):
-                        kind = "wait-room"  # the prompt waits for its room (`_make_room`)
+                    kind = self._run_mixed(chosen)  # or decodes alone, the prompt waiting
                 else:
                     self._run_prefill(chosen.steps[0], chosen.tokens)
                 if chosen.finishes and chosen.steps[-1].kind == "prefill":
-                    self.model.reserve(0)
+                    self._release_room()
             self._last = "prefill" if chosen.kind == "prefill" else "decode"
         except BaseException as exc:  # handed to the waiting request thread
             for step in chosen.steps:
@@ -299,10 +298,10 @@ class StepScheduler(BatchedSteps):
                 chosen.finishes = True
             if last.kind == "prefill":
                 with self.lock:
-                    self.model.reserve(0)
+                    self._release_room()
         rows = sum(s.kind == "decode" for s in chosen.steps)
         tokens = len(chosen.steps[0].ids) if kind == "verify" else chosen.tokens
-        self.trace.end(began, kind, rows, 0 if kind == "wait-room" else tokens)
+        self.trace.end(began, kind, rows, tokens if kind not in ("wait-room", "moved") else 0)
         for step in chosen.steps:  # an unfinished prefill waits for its next chunk
             if step.kind != "prefill" or chosen.finishes:
                 step.done.set()

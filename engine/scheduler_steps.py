@@ -57,6 +57,7 @@ class BatchedSteps:
     record_steps: bool
     clock: Callable[[], float]
     steps: list[tuple[str, object, int]]
+    _room = 0  # slots reserved for the prompt being mixed in (`_make_room`)
 
     def _mixed_choice(self, prefill: Step, decodes: list[Step]) -> Choice:
         """The decode steps and a chunk of the prefill in one engine step, the chunk sized so
@@ -103,20 +104,31 @@ class BatchedSteps:
         need at its first chunk: every row attends all of the capacity's slots, so the
         streams would pay the largest capacity's attention for the whole paste."""
         ends = [self.model.length(d.seq.row) + n for d in decodes]  # their pad slots too
-        need = max(self.model.length(prefill.seq.row) + n, *ends) + _ROOM_SPARE
-        return self.model.reserve(min(need, self.model.max_capacity))
+        need = max(self.model.length(prefill.seq.row) + n, *ends, self._room - _ROOM_SPARE)
+        need = min(need + _ROOM_SPARE, self.model.max_capacity)  # never less than before:
+        ready = self.model.reserve(need)  # a smaller chunk must not move the cache back down
+        self._room = need if ready else self._room
+        return ready
 
-    def _run_mixed(self, chosen: Choice) -> bool:
-        """The decode steps plus a chunk of the last step's prefill, in one graph run; only
-        the decode steps (False) while the room for the prompt is being made ready."""
+    def _release_room(self) -> None:
+        self.model.reserve(0)
+        self._room = 0
+
+    def _run_mixed(self, chosen: Choice) -> str:
+        """The decode steps plus a chunk of the last step's prefill, in one graph run: "mixed".
+        Only the decode steps while the room for the prompt is being made ready ("wait-room"),
+        or when the cache just moved to a capacity no decode step has run at yet ("moved": the
+        first run at a capacity is dearer, ONNX Runtime growing its buffers, and the chunk's
+        budget needs the decode time there)."""
         steps, n = chosen.steps, chosen.tokens
         *decodes, prefill = steps
         cap = self._cap
-        if not self._make_room(decodes, prefill, n):
+        ready = self._make_room(decodes, prefill, n)
+        if not ready or (self._cap != cap and self.costs.needs_refresh(len(decodes), self._cap)):
             self._run_decode(decodes)
             chosen.finishes = False
             self._repend(prefill)
-            return False
+            return "moved" if ready else "wait-room"
         if self._cap != cap:  # the cache moved: the chunk was sized for the old capacity
             n = chosen.tokens = min(n, self.costs.mix_tokens(len(decodes), self._cap))
             if chosen.finishes and prefill.offset + n < len(prefill.ids):
@@ -133,4 +145,4 @@ class BatchedSteps:
         prefill.offset += n
         if self.record_steps:
             self.steps.append(("mixed", (len(decodes), n), min(s.priority for s in steps)))
-        return True
+        return "mixed"

@@ -19,6 +19,8 @@ one token for the rest of a paste.
 from __future__ import annotations
 
 from collections import deque
+from itertools import combinations
+from statistics import median
 
 from .drafters import ema
 
@@ -40,6 +42,7 @@ class StepCosts:
         self.t_rows: dict[Key, float] = {}  # seconds per decode step of b rows at capacity C
         self.usual: dict[int, float] = {}  # the same while no prompt waits, per rows
         self.last: Key | None = None  # the latest decode step's key
+        self.decodes_at: dict[Key, int] = {}  # decode steps measured per key
         self.t_token: float | None = None  # seconds per token of a prefill chunk of its own
         self.samples: dict[Key, deque[tuple[int, float]]] = {}  # mixed: (tokens, added seconds)
         self.mixed_run = 0  # mixed steps since the last plain decode step
@@ -54,7 +57,9 @@ class StepCosts:
         """A plain decode step of `rows` rows at `capacity`; `prompt_waits`: a prompt is being
         read beside them (the step does not say what the streams usually cost)."""
         key = (rows, capacity)
-        self.t_rows[key] = ema(self.t_rows.get(key), seconds, 0.3)
+        runs = self.decodes_at[key] = self.decodes_at.get(key, 0) + 1
+        old = self.t_rows.get(key)  # the first step at a capacity also grows ORT's buffers
+        self.t_rows[key] = min(old, seconds) if runs == 2 and old else ema(old, seconds, 0.3)
         if not prompt_waits:
             self.usual[rows] = ema(self.usual.get(rows), seconds, 0.3)
         self.last, self.mixed_run = key, 0
@@ -64,25 +69,24 @@ class StepCosts:
             self.t_token = ema(self.t_token, seconds / tokens, 0.3)
 
     def mixed(self, decodes: int, tokens: int, seconds: float, capacity: int) -> None:
-        """Learn what `tokens` prompt tokens add to a decode step of `decodes` rows. One slow
-        step (a busy machine) moves the line at most threefold, so it cannot collapse the chunk
-        for the rest of a paste; the decode time itself stays current through the plain steps
-        `needs_refresh` asks for."""
+        """Learn what `tokens` prompt tokens add to a decode step of `decodes` rows (`_line`);
+        the decode time itself stays current through the plain steps `needs_refresh` asks
+        for."""
         self.mix_last = tokens
         self.mixed_run += 1
         base = self._decode_time(decodes, capacity)
         if base is None:
             return
         added = max(seconds - base, 0.0)
-        line = self._line(decodes, capacity)
-        if line is not None:
-            added = min(added, 3 * (line[0] + tokens * line[1]))
         self.samples.setdefault((decodes, capacity), deque(maxlen=_SAMPLES)).append((tokens, added))
 
     def needs_refresh(self, decodes: int, capacity: int) -> bool:
         """Whether the next step should be a plain decode step: its time is getting stale, or
-        unknown at this capacity."""
-        return self.mixed_run >= REFRESH_EVERY or self._decode_time(decodes, capacity) is None
+        not known at this capacity from two steps (the first there is dearer)."""
+        known = self.decodes_at.get((decodes, capacity), 0) >= 2
+        if not known and any(c == capacity and n >= 2 for (_, c), n in self.decodes_at.items()):
+            known = True  # another row count is known here (`_decode_time`)
+        return self.mixed_run >= REFRESH_EVERY or not known
 
     def mix_tokens(self, decodes: int, capacity: int) -> int:
         """Prompt tokens a mixed step with `decodes` decode rows at `capacity` can carry: what
@@ -117,17 +121,17 @@ class StepCosts:
 
     def _line(self, decodes: int, capacity: int) -> tuple[float, float] | None:
         """(fixed, per token) seconds a mixed-in chunk adds, fitted to the recent mixed steps
-        at this shape (least squares; through zero while one chunk size has been seen)."""
+        at this shape: the median of the slopes between pairs of steps of different sizes
+        (Theil-Sen: one slow step among them, a busy moment, barely moves it), or the median
+        cost per token while a single size has been seen (a per-token cost that includes the
+        fixed part: higher, so chunks err small)."""
         samples = self.samples.get((decodes, capacity))
         if not samples:
             return None
-        ns = [n for n, _ in samples]
-        ts = [t for _, t in samples]
-        mean_n, mean_t = sum(ns) / len(ns), sum(ts) / len(ts)
-        var = sum((n - mean_n) ** 2 for n in ns)
-        if var > 0:
-            slope = sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts, strict=True)) / var
-            fixed = mean_t - slope * mean_n
-            if slope > 0 and fixed >= 0:
-                return fixed, slope
-        return 0.0, max(sum(ts) / max(sum(ns), 1), 1e-9)
+        slopes = [
+            (t2 - t1) / (n2 - n1) for (n1, t1), (n2, t2) in combinations(samples, 2) if n2 != n1
+        ]
+        slope = median(slopes) if slopes else 0.0
+        if slope <= 0:
+            return 0.0, max(median(t / n for n, t in samples), 1e-9)
+        return max(0.0, median(t - slope * n for n, t in samples)), slope

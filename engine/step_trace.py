@@ -23,7 +23,7 @@ Began = tuple[float, float, int]  # wall clock, CPU clock, capacity
 
 @dataclass(frozen=True)
 class StepRecord:
-    kind: str  # decode, mixed, prefill, verify, cancel; wait-room: decodes while room is faulted in
+    kind: str  # decode, mixed, prefill, verify, cancel; wait-room, moved: decodes, a prompt waits
     rows: int  # decode rows
     tokens: int  # prompt tokens (a prefill chunk, or the chunk mixed in; verify: its tokens)
     capacity_before: int
