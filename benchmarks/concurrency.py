@@ -51,6 +51,7 @@ from npuchat.engine.events import (
 from npuchat.engine.paths import Paths
 from npuchat.engine.pull import pull
 from npuchat.engine.session import ChatSession
+from npuchat.engine.step_trace import StepRecord
 from npuchat.engine.step_trace import log as step_log
 
 LONG_TOKENS = 2000
@@ -225,7 +226,32 @@ def paste_figures(path: Path, cache: Path, threads: int, tokens: int, out: Figur
     out["long_prefill_x_alone"] = out["long_prefill_ttft_s"] / out["long_prefill_alone_ttft_s"]
 
 
+class StepLog(logging.Handler):
+    """Collects the scheduler's per-step records (`step_trace`) with the time they ended."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.steps: list[tuple[float, StepRecord]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        step = getattr(record, "step", None)
+        if isinstance(step, StepRecord):
+            self.steps.append((time.perf_counter(), step))
+
+
 def paste_beside_a_stream(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+    steps = StepLog()
+    step_log.addHandler(steps)
+    level = step_log.level
+    step_log.setLevel(logging.DEBUG)
+    try:
+        paste_gaps(engine, tokens, out, steps)
+    finally:
+        step_log.removeHandler(steps)
+        step_log.setLevel(level)
+
+
+def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepLog) -> None:
     list(engine.generate(request("warm", "hi", 4), threading.Event()))
     text = long_text(engine, LONG_TOKENS)
     streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
@@ -245,6 +271,14 @@ def paste_beside_a_stream(engine: ConcurrentEngine, tokens: int, out: Figures) -
     out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
     out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
     out["long_prefill_ttft_s"] = t_done - t_long
+    # the same in process CPU time, which a busy machine does not stretch: the dearest step
+    # while the prompt was read, against the stream's decode steps before it
+    usual = [r.cpu_s for t, r in steps.steps if t <= t_long and r.kind == "decode"]
+    cpu = sorted(r.cpu_s for t, r in steps.steps if t_long < t <= t_done)
+    if usual and cpu:
+        out["step_cpu_usual_s"] = statistics.median(usual)
+        out["step_cpu_max_x"] = cpu[-1] / out["step_cpu_usual_s"]
+        out["step_cpu_p99_x"] = cpu[int(0.99 * (len(cpu) - 1))] / out["step_cpu_usual_s"]
 
 
 def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:
