@@ -43,7 +43,19 @@ def second_turn(session: ChatSession, system: str, first: str, reply: str, user:
     final = list(session.generate(request, threading.Event()))[-1]
     assert isinstance(final, Finished), final
     m = final.metrics
-    return Reply([], 0.0, m.ttft_s, m.reused_tokens, m.prefill_tokens, m.decode_tokens, 0.0, 0, 0)
+    return Reply(
+        ids=[],
+        wall_s=0.0,
+        ttft_s=m.ttft_s,
+        reused_tokens=m.reused_tokens,
+        prefill_tokens=m.prefill_tokens,
+        decode_tokens=m.decode_tokens,
+        decode_tps=0.0,
+        drafted=0,
+        accepted=0,
+        mean_accepted_len=0.0,
+        draft_time_share=0.0,
+    )
 
 
 def open_session(model: str, cache: Path, kv_dtype: str) -> ChatSession:
