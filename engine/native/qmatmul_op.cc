@@ -66,8 +66,11 @@ npq::DotRows kernel_for(const Kernels& k, int type) {
   }
 }
 
-// Output features [t * tile, (t + 1) * tile) for every row: a weight row is read once from memory
-// and unpacked once per MAX_ROWS activation rows.
+// Output features [t * tile, (t + 1) * tile) for every row, in blocks of BLOCK_N weight rows:
+// within a block each group of MAX_ROWS activation rows meets every weight row while both sit
+// in L1 (a weight row is unpacked once per group; activations are read once per block).
+constexpr int64_t BLOCK_N = 16;
+
 void run_tile(void* data, size_t t) {
   const Job& j = *static_cast<const Job*>(data);
   const npq::DotRows dot = kernel_for(*j.kern, j.type);
@@ -76,14 +79,18 @@ void run_tile(void* data, size_t t) {
   const int64_t n1 = std::min(j.n, n0 + j.tile);
   const uint8_t* rows[npq::MAX_ROWS];
   float out[npq::MAX_ROWS];
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* w = j.w + static_cast<size_t>(n) * j.row_bytes;
-    const float s = n < j.scaled_rows ? j.scale : 1.0f;
+  for (int64_t b0 = n0; b0 < n1; b0 += BLOCK_N) {
+    const int64_t b1 = std::min(n1, b0 + BLOCK_N);
     for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
       const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
-      for (int i = 0; i < count; ++i) rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
-      dot(w, rows, count, nb, out);
-      for (int i = 0; i < count; ++i) j.y[(r0 + i) * j.n + n] = s * out[i];
+      for (int i = 0; i < count; ++i) {
+        rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
+      }
+      for (int64_t n = b0; n < b1; ++n) {
+        const float s = n < j.scaled_rows ? j.scale : 1.0f;
+        dot(j.w + static_cast<size_t>(n) * j.row_bytes, rows, count, nb, out);
+        for (int i = 0; i < count; ++i) j.y[(r0 + i) * j.n + n] = s * out[i];
+      }
     }
   }
 }
