@@ -121,21 +121,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 def _matmul_floor(graph_dir: Path, threads: int | None) -> dict[str, float]:
     """Milliseconds per step of the model's matmuls alone, at M = 1 and 2 rows (median of 8).
 
-    Every `MatMulNBits` and offset `Gemm` of the built graph, with its real weights, fed from
-    one constant input per K and nothing else: the floor that ONNX Runtime's kernels put under
+    Every `MatMulNBits`, offset `Gemm` and `QMatMul` of the built graph, with its real weights,
+    fed from one constant input per K and nothing else: the floor that the kernels put under
     a decode step (M = 2: what an exact decode step pays for its 4-bit matmuls).
     """
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from npuchat.engine.custom_ops import kernels_for
     from npuchat.engine.runtime import session_options_for
 
     src = onnx.load(str(graph_dir / "decoder.onnx"), load_external_data=False)
     inits = {t.name: t for t in src.graph.initializer}
     nodes, feeds, outs = [], {}, []
     for node in src.graph.node:
-        if node.op_type == "MatMulNBits":  # x, then B, scales and the optional inputs
+        if node.op_type in ("MatMulNBits", "QMatMul"):  # x, then the weights' inputs
             k = next(a.i for a in node.attribute if a.name == "K")
             x, weights = f"x{k}", list(node.input[1:])
         elif node.op_type == "Gemm":  # block sums, offsets [N, K/32]; no C input
@@ -164,7 +165,8 @@ def _matmul_floor(graph_dir: Path, threads: int | None) -> dict[str, float]:
     path = graph_dir / f"floor-{os.getpid()}.onnx"  # beside weights.bin, which it references
     onnx.save_model(floor, str(path))
     try:
-        sess = ort.InferenceSession(str(path), session_options_for("cpu", threads))
+        kernels = kernels_for(4).path if any(n.op_type == "QMatMul" for n in nodes) else None
+        sess = ort.InferenceSession(str(path), session_options_for("cpu", threads, kernels))
     finally:
         path.unlink()
     result = {}
@@ -193,9 +195,10 @@ def _profile(model: Any, threads: int | None, pad: int) -> dict[str, float]:
     """
     import onnxruntime as ort
 
+    from npuchat.engine.custom_ops import kernels_for
     from npuchat.engine.runtime import session_options_for
 
-    so = session_options_for("cpu", threads)
+    so = session_options_for("cpu", threads, kernels_for(4).path)  # unused if the graph has none
     so.enable_profiling = True
     so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
     sess = ort.InferenceSession(str(model.graph_dir / "decoder.onnx"), so)

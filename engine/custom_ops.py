@@ -8,9 +8,10 @@ never depends on the rows beside it.
 
 The library is built on first use (`kernel_build`); a machine that cannot build it (no compiler,
 no npm) keeps the pure-ONNX-Runtime path. `NPUCHAT_KERNELS` chooses: `auto` (use them when they
-build), `off`, or `on` (fail with the reason when they cannot be had). The default is `off` until
-they beat `MatMulNBits` at prefill too (measured: decode and start-up faster, prefill slower;
-`benchmarks/engine_speed.py --kernels on,off`).
+build; the default), `off`, or `on` (fail with the reason when they cannot be had). Against
+`MatMulNBits` they start faster (nothing to prepack), hold less memory (llama.cpp's bytes per
+weight) and cost less CPU per decode step; prefill costs more on small models
+(`benchmarks/engine_speed.py --kernels on,off`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ __all__ = [
 DOMAIN = "npuchat"
 MODE_ENV = "NPUCHAT_KERNELS"
 MODES = ("auto", "off", "on")
-DEFAULT_MODE = "off"
+DEFAULT_MODE = "auto"
 Q = GGMLQuantizationType
 COVERED_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K})
 

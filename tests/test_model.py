@@ -240,12 +240,19 @@ def test_real_model_agrees_with_llama_cpp(real_gguf, tmp_path: Path, name: str) 
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
-def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(model: Model) -> None:
+def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(
+    synthetic_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ONNX Runtime keeps each prepacked weight's `scales` mapped although it reads its packed
     copy (184 MiB of RSS for qwen2.5-coder-1.5b): the load drops those pages, and generation
-    afterwards neither needs them back nor changes (the release only affects residency)."""
+    afterwards neither needs them back nor changes (the release only affects residency).
+    The native kernels read their blocks from the mapped file instead (nothing is prepacked)."""
     from npuchat.engine.graph_builder import WEIGHTS_FILE
     from npuchat.engine.process_memory import mapped_ranges
+
+    monkeypatch.setenv("NPUCHAT_KERNELS", "off")
+    path = synthetic_gguf("qwen2", "q4_k")
+    model = Model.load(path, cache_dir=tmp_path, prefill_chunk=16, capacities=[32, 64])
 
     weights = model.graph_dir / WEIGHTS_FILE
     assert mapped_ranges(weights), "ONNX Runtime no longer maps the weights: revisit the release"
@@ -269,3 +276,4 @@ def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(model: Mo
     assert resident_kib() <= 4 * (3 * model.config.n_layers + 2)
     model.rollback(0)
     np.testing.assert_array_equal(model.prefill(ids), first)
+    model.close()

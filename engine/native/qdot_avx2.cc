@@ -116,7 +116,9 @@ NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
     u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
     u[2] = mins_lo;
     u[0] &= 0x3f3f3f3f;
-    const uint8_t* sc = reinterpret_cast<const uint8_t*>(u);
+    // The scales as int16 in both 128-bit lanes; a byte shuffle broadcasts sub-block i's.
+    const __m256i scales = _mm256_broadcastsi128_si256(
+        _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(u[1]), static_cast<int>(u[0]))));
     const __m128i mins16 = _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(u[3]), static_cast<int>(u[2])));
     const uint8_t* qs = w + 16;
     __m256i sumi[R];
@@ -125,8 +127,8 @@ NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
       const __m256i q = load32(qs + 32 * j);
       const __m256i lo = _mm256_and_si256(q, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      const __m256i s0 = _mm256_set1_epi16(sc[2 * j]);
-      const __m256i s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+      const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(((4 * j + 1) << 8) | (4 * j))));
+      const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(((4 * j + 3) << 8) | (4 * j + 2))));
       for (int r = 0; r < R; ++r) {
         const int8_t* y = act<ActSuper>(x, r)[b].qs + 64 * j;
         sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(dot_u8_scaled(lo, load32(y), s0),
