@@ -1,6 +1,9 @@
 // AVX2 + FMA kernels (compiled for that target per function; used only where the CPU has it).
-// The scheme is llama.cpp's: int8 activations, integer dot products per block (maddubs/madd),
-// one float multiply-add per block into an 8-lane accumulator, a horizontal sum at the end.
+// The scheme is llama.cpp's (ggml-cpu/arch/x86/quants.c, MIT licence): int8 activations,
+// integer dot products per block (maddubs/madd), one float multiply-add per block into an
+// 8-lane accumulator, a horizontal sum at the end; the bit-spreading constants of
+// bits_to_bytes and the Q4_K scale unpacking follow its bytes_from_bits_32 and
+// ggml_vec_dot_q4_K_q8_K.
 #include <immintrin.h>
 
 #include "qblocks.h"
