@@ -12,7 +12,9 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 * per-stream decode tok/s of an interactive reply while a background reply runs, against the
   same reply alone;
 * the longest gap between two tokens of a streaming reply while another conversation prefills a
-  ~2,000-token prompt, against that stream's median gap before the prefill started;
+  ~2,000-token prompt (`--paste-tokens`), against that stream's median gap before the prefill
+  started; the same from the per-step trace in process CPU time (a busy machine stretches wall
+  time, not that); and how long the prompt took against the same prompt alone;
 * TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
   against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
   prefix store and back); and that turn again after a restart (its KV read back from disk);
@@ -55,6 +57,7 @@ from npuchat.engine.step_trace import StepRecord
 from npuchat.engine.step_trace import log as step_log
 
 LONG_TOKENS = 2000
+PASTE_TOKENS = [LONG_TOKENS]  # the paste's length (`--paste-tokens`)
 PROMPTS = [
     "Write a detailed essay about the history of computing, from the abacus to modern GPUs.",
     "Explain, step by step and at length, how a compiler turns source code into machine code.",
@@ -211,7 +214,7 @@ def paste_figures(path: Path, cache: Path, threads: int, tokens: int, out: Figur
     engine = open_engine(path, cache, 4, threads, caps)
     try:
         list(engine.generate(request("warm", "hi", 4), threading.Event()))
-        alone = Stream(engine, request("paste-alone", long_text(engine, LONG_TOKENS), 2))
+        alone = Stream(engine, request("paste-alone", long_text(engine, PASTE_TOKENS[0]), 2))
         alone.run()
         assert isinstance(alone.final, Finished), alone.final
     finally:
@@ -253,7 +256,7 @@ def paste_beside_a_stream(engine: ConcurrentEngine, tokens: int, out: Figures) -
 
 def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepLog) -> None:
     list(engine.generate(request("warm", "hi", 4), threading.Event()))
-    text = long_text(engine, LONG_TOKENS)
+    text = long_text(engine, PASTE_TOKENS[0])
     streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
     streaming.start()
     while len(streaming.times) < 12:
@@ -355,8 +358,13 @@ def rss_child(path: str, cache: str, slots: int, threads: int) -> None:
 def rss(path: Path, cache: Path, slots: int, threads: int) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--rss-child", str(path), str(cache), str(slots)]
     cmd += ["--threads", str(threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
+        raise RuntimeError(f"the RSS child failed ({done.returncode}): {done.stderr[-2000:]}")
+    if done.returncode:  # it measured, then failed on the way out
+        print(f"  (the RSS child exited with {done.returncode}: {done.stderr.strip()[-200:]})")
+    return json.loads(lines[-1])
 
 
 def main() -> None:
@@ -368,6 +376,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
+    ap.add_argument("--paste-tokens", type=int, default=LONG_TOKENS, help="the paste's length")
     ap.add_argument("--graphs", type=Path, help="a graph cache folder to reuse (not rebuilt)")
     ap.add_argument("--trace", type=Path, help="write the per-step trace (step_trace) here")
     ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
@@ -375,6 +384,7 @@ def main() -> None:
     if args.rss_child:
         rss_child(args.rss_child[0], args.rss_child[1], int(args.rss_child[2]), args.threads)
         return
+    PASTE_TOKENS[0] = args.paste_tokens
     sections = set(args.only.split(","))
     if sections - set(SECTIONS):
         ap.error(f"unknown sections {sorted(sections - set(SECTIONS))}; choose from {SECTIONS}")
