@@ -15,11 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 from npu_driver import CAPACITY, MODELS, PREFILL, REL_TOL, VERIFY_K, greedy, random_prompt, rel_err
 
 from npuchat.engine import devices
+from npuchat.engine.graph_builder import GraphSpec, build_graphs
 from npuchat.engine.model import Model
+from npuchat.engine.npu_compile import CompiledGraphs, adapt_for_htp
 
 pytestmark = [
     pytest.mark.npu,
@@ -82,3 +86,39 @@ def test_int8_cache_batched_on_npu_equals_cpu_int8_alone(synthetic_gguf, tmp_pat
                 want.append(cpu.decode(int(np.argmax(want[-1]))))
         assert [int(np.argmax(x)) for x in got] == [int(np.argmax(x)) for x in want]
         assert rel_err(np.stack(got), np.stack(want)) < REL_TOL
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_int8_step_graph_computes_the_cpu_int8_graphs_numbers(
+    synthetic_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str
+) -> None:
+    """The NPU's int8 step graph, run uncompiled on the CPU EP in float32, gives the CPU int8
+    graph's logits (1e-4 of the scale) over prefill chunks and decode: its new rows are
+    rounded as the cache stores them, and the host quantizes them as the CPU graph does. What
+    remains between the NPU and the CPU's int8 path is then the HTP's fp16 alone."""
+    from npuchat.engine import npu_graphs
+
+    def uncompiled(
+        gguf_path: Path, sha: str, specs: dict[str, GraphSpec], *_: object
+    ) -> CompiledGraphs:
+        folder = tmp_path / "uncompiled"
+        src = build_graphs(gguf_path, specs, folder)["step"]
+        graph = adapt_for_htp(onnx.load(str(src), load_external_data=False))
+        onnx.save_model(graph, str(folder / "step_ctx.onnx"))
+        return CompiledGraphs(folder, dict(specs), {}, True, 0.0)
+
+    def on_cpu(path: Path, opts: object) -> ort.InferenceSession:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(npu_graphs, "compile_npu_graphs", uncompiled)
+    monkeypatch.setattr(npu_graphs, "load_compiled_session", on_cpu)
+    tensor_type, kw = MODELS[arch]
+    path = synthetic_gguf(arch, tensor_type, k_outliers=4.0, **kw)
+    runs = []
+    for device in ("npu", "cpu"):
+        with Model.load(path, cache_dir=tmp_path / device, device=device, **KW) as m:  # type: ignore[arg-type]
+            prompt = random_prompt(m.config.vocab_size, 21)
+            runs.append(greedy(m.prefill, m.decode, prompt, STEPS))
+    (got_tokens, got), (want_tokens, want) = runs
+    assert got_tokens == want_tokens
+    assert rel_err(got, want) < 1e-4
