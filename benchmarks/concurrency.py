@@ -33,12 +33,12 @@ import json
 import logging
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from concurrency_rss import rss
 
 from npuchat.engine.catalog import Catalog
 from npuchat.engine.concurrent_engine import ConcurrentEngine
@@ -321,52 +321,6 @@ def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:
     shutil.rmtree(cache / "prefixes", ignore_errors=True)
 
 
-def status_mib(field: str) -> float:
-    """A figure of /proc/self/status (VmRSS: resident now, VmHWM: the peak) in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def rss_child(path: str, cache: str, slots: int, threads: int) -> None:
-    """Load from the built graphs, then fill every slot to 4,096 and run a decode step over
-    all of them: the peak of that (the load's own peak, from prepacking the weights, is reset
-    first: it is the same for any number of slots and would hide the KV)."""
-    engine = open_engine(Path(path), Path(cache), slots, threads, [4096])
-    load_peak, loaded = status_mib("VmHWM"), status_mib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux)
-    model = engine.model
-    with engine.scheduler.locked():
-        model._kv.data.fill(0.0)  # what a full cache holds
-        for row in range(slots):
-            model._kv.lengths[row] = 4095
-        model.decode_batch([1] * slots)  # a step's own buffers at that shape
-    print(
-        json.dumps(
-            {
-                "load_peak_rss_mib": load_peak,
-                "loaded_rss_mib": loaded,
-                "peak_rss_mib": status_mib("VmHWM"),
-                "kv_mib": model.kv_bytes / 2**20,
-            }
-        )
-    )
-    engine.close()
-
-
-def rss(path: Path, cache: Path, slots: int, threads: int) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--rss-child", str(path), str(cache), str(slots)]
-    cmd += ["--threads", str(threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    lines = done.stdout.strip().splitlines()
-    if not lines or not lines[-1].startswith("{"):
-        raise RuntimeError(f"the RSS child failed ({done.returncode}): {done.stderr[-2000:]}")
-    if done.returncode:  # it measured, then failed on the way out
-        print(f"  (the RSS child exited with {done.returncode}: {done.stderr.strip()[-200:]})")
-    return json.loads(lines[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -379,11 +333,7 @@ def main() -> None:
     ap.add_argument("--paste-tokens", type=int, default=LONG_TOKENS, help="the paste's length")
     ap.add_argument("--graphs", type=Path, help="a graph cache folder to reuse (not rebuilt)")
     ap.add_argument("--trace", type=Path, help="write the per-step trace (step_trace) here")
-    ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.rss_child:
-        rss_child(args.rss_child[0], args.rss_child[1], int(args.rss_child[2]), args.threads)
-        return
     PASTE_TOKENS[0] = args.paste_tokens
     sections = set(args.only.split(","))
     if sections - set(SECTIONS):
