@@ -66,6 +66,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds, "kernels": model.kernels}
     if args.phase == "cold":
         out["peak_rss_mib"] = _status_mib("VmHWM")
+        print(json.dumps(out), flush=True)
         return out
     vocab = model.config.vocab_size
 
@@ -111,10 +112,12 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     out["rss_mib"] = _status_mib("VmRSS")
     if args.profile:
         out["profile"] = _profile(model, args.threads, 1 if model.exact_decode else 0)
-    graph_dir = model.graph_dir
-    model.close()
     if args.floor:
-        out["floor_ms"] = _matmul_floor(graph_dir, args.threads)
+        out["floor_ms"] = _matmul_floor(model.graph_dir, args.threads)
+    # Figures out before the teardown: freeing the ONNX Runtime session now and then aborts the
+    # process ("free(): invalid pointer", an open bug), which must not lose them.
+    print(json.dumps(out), flush=True)
+    model.close()
     return out
 
 
@@ -249,9 +252,12 @@ def _phase(
         cmd.append("--floor")
     env = dict(os.environ, NPUCHAT_KERNELS=kernels) if kernels else None
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if res.returncode:
+    lines = res.stdout.strip().splitlines()
+    if not lines or not lines[-1].startswith("{"):
         sys.exit(f"{phase} phase failed for {model}:\n{res.stderr[-2000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    if res.returncode:  # it measured, then died on the way out
+        print(f"  ({phase} phase exited {res.returncode}: {res.stderr.strip()[-120:]})")
+    return json.loads(lines[-1])
 
 
 def _llama_bench(binary: str, model: Path, threads: int) -> dict[str, float]:
@@ -295,7 +301,7 @@ def main() -> None:
     if args.worker:
         args.phase = args.worker
         args.model = args.models[0]
-        print(json.dumps(worker(args)))
+        worker(args)  # prints its figures
         return
     print(
         f"threads={args.threads}  load average={os.getloadavg()[0]:.2f}  "
