@@ -85,9 +85,13 @@ def _load(root: Path | None) -> KernelLibrary:
         path = build_kernels(root)
     except KernelBuildError as exc:
         return KernelLibrary(None, reason=str(exc))
-    lib = ctypes.CDLL(str(path))
-    lib.npuchat_kernel_isa.restype = ctypes.c_char_p
-    return KernelLibrary(path, isa=lib.npuchat_kernel_isa().decode())
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.npuchat_kernel_isa.restype = ctypes.c_char_p
+        isa = lib.npuchat_kernel_isa().decode()
+    except (OSError, AttributeError) as exc:  # digest intact but not loadable here
+        return KernelLibrary(None, reason=f"the kernel library {path} cannot be loaded: {exc}")
+    return KernelLibrary(path, isa=isa)
 
 
 def kernel_library(root: Path | None = None) -> KernelLibrary:

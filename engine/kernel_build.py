@@ -9,7 +9,9 @@ the runtime's (onnxruntime 1.32 serves API 32): the C API is ABI-stable, and a l
 runtime for the version it was built against.
 
 The build is keyed by the sources, the header package and the compiler, and lands atomically in
-`<kernel cache>/<key>/`: a second process reuses it, a changed source builds a new one. Any step
+`<kernel cache>/<key>/` beside its sha256: a second process reuses it after checking the digest
+(a damaged library is refused with the reason, never loaded or deleted), a changed source builds
+a new one. Any step
 that cannot run here (no npm, no compiler, no network) raises `KernelBuildError` with the reason;
 the engine then keeps its pure-ONNX-Runtime graphs (`custom_ops`).
 """
@@ -127,7 +129,7 @@ def _compiler() -> str:
 
 
 def _build_key(cxx: str) -> str:
-    h = hashlib.sha256(HEADER_PACKAGE.encode())
+    h = hashlib.sha256(HEADER_PACKAGE.encode() + b"+digest")  # builds that record their sha256
     for name in (*SOURCES, "qblocks.h"):
         h.update(name.encode())
         h.update((SOURCE_DIR / name).read_bytes())
@@ -141,19 +143,27 @@ def build_kernels(root: Path | None = None) -> Path:
     root = kernel_cache_dir() if root is None else root
     cxx = _compiler()
     target = root / _build_key(cxx) / LIBRARY_NAME
-    if target.is_file():
-        return target
-    headers = ensure_headers(root)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / LIBRARY_NAME
-        flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall"]
-        flags.append(
-            "-ffp-contract=off"
-        )  # a row's float steps are the same in every kernel instance
-        _run(
-            [cxx, *flags, f"-I{headers}", *(str(SOURCE_DIR / s) for s in SOURCES), "-o", str(out)],
-            SOURCE_DIR,
-        )
-        os.replace(out, target)
+    digest = target.with_name(LIBRARY_NAME + ".sha256")
+    try:
+        if target.is_file():
+            if not digest.is_file() or digest.read_text().strip() != _sha256(target):
+                raise KernelBuildError(
+                    f"the kernel library {target} is damaged (sha256 differs from its build); "
+                    f"delete {target.parent} to rebuild it"
+                )
+            return target
+        headers = ensure_headers(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            out = Path(tmp) / LIBRARY_NAME
+            # -ffp-contract=off: a row's float steps are the same in every kernel instance
+            flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall"]
+            flags.append("-ffp-contract=off")
+            sources = [str(SOURCE_DIR / s) for s in SOURCES]
+            _run([cxx, *flags, f"-I{headers}", *sources, "-o", str(out)], SOURCE_DIR)
+            (Path(tmp) / digest.name).write_text(_sha256(out) + "\n")
+            os.replace(Path(tmp) / digest.name, digest)  # the digest first: never a bare library
+            os.replace(out, target)
+    except OSError as exc:  # an unwritable or vanished cache folder
+        raise KernelBuildError(f"the kernel cache {root} cannot be used: {exc}") from exc
     return target

@@ -120,3 +120,23 @@ def test_the_build_is_reused_and_a_machine_without_tools_falls_back(
     monkeypatch.setenv("NPUCHAT_KERNELS", "fast")
     with pytest.raises(NpuchatError, match="is not one of: auto, off, on"):
         kernel_library()
+
+
+def test_a_damaged_library_in_the_cache_is_refused_not_loaded_or_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = kernel_library().path
+    assert built is not None
+    copy = tmp_path / "cache" / built.parent.name
+    shutil.copytree(built.parent, copy)
+    damaged = copy / built.name
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    monkeypatch.setenv("NPUCHAT_KERNELS", "on")
+    with pytest.raises(NpuchatError, match="is damaged"):
+        kernel_library(tmp_path / "cache")
+    monkeypatch.setenv("NPUCHAT_KERNELS", "auto")  # falls back, saying why
+    lib = kernel_library(tmp_path / "cache")
+    assert not lib.available and "is damaged" in lib.reason and str(copy) in lib.reason
+    assert damaged.read_bytes() == bytes(data)  # left for the user to look at
