@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import NpuchatError
+from .hashing import sha256_file
 from .paths import Paths
 
 __all__ = [
@@ -72,14 +73,6 @@ def _run(cmd: list[str], cwd: Path) -> None:
         raise KernelBuildError(f"{' '.join(cmd[:2])} failed: {' / '.join(tail)[:400]}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def ensure_headers(root: Path) -> Path:
     """The folder of ONNX Runtime API headers, fetched from the npm package on first use."""
     folder = root / f"ort-headers-{HEADER_PACKAGE.rsplit('@', 1)[1]}"
@@ -97,7 +90,7 @@ def ensure_headers(root: Path) -> Path:
         tarballs = list(work.glob("*.tgz"))
         if len(tarballs) != 1:
             raise KernelBuildError(f"npm pack {HEADER_PACKAGE} gave no tarball")
-        digest = _sha256(tarballs[0])
+        digest = sha256_file(tarballs[0])
         if digest != HEADER_TARBALL_SHA256:
             raise KernelBuildError(f"npm {HEADER_PACKAGE}: unexpected tarball sha256 {digest}")
         staged = work / "headers"
@@ -146,7 +139,7 @@ def build_kernels(root: Path | None = None) -> Path:
     digest = target.with_name(LIBRARY_NAME + ".sha256")
     try:
         if target.is_file():
-            if not digest.is_file() or digest.read_text().strip() != _sha256(target):
+            if not digest.is_file() or digest.read_text().strip() != sha256_file(target):
                 raise KernelBuildError(
                     f"the kernel library {target} is damaged (sha256 differs from its build); "
                     f"delete {target.parent} to rebuild it"
@@ -161,7 +154,7 @@ def build_kernels(root: Path | None = None) -> Path:
             flags.append("-ffp-contract=off")
             sources = [str(SOURCE_DIR / s) for s in SOURCES]
             _run([cxx, *flags, f"-I{headers}", *sources, "-o", str(out)], SOURCE_DIR)
-            (Path(tmp) / digest.name).write_text(_sha256(out) + "\n")
+            (Path(tmp) / digest.name).write_text(sha256_file(out) + "\n")
             os.replace(Path(tmp) / digest.name, digest)  # the digest first: never a bare library
             os.replace(out, target)
     except OSError as exc:  # an unwritable or vanished cache folder
