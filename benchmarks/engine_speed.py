@@ -114,8 +114,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         out["profile"] = _profile(model, args.threads, 1 if model.exact_decode else 0)
     if args.floor:
         out["floor_ms"] = _matmul_floor(model.graph_dir, args.threads)
-    # Figures out before the teardown: freeing the ONNX Runtime session now and then aborts the
-    # process ("free(): invalid pointer", an open bug), which must not lose them.
+    # figures out before the teardown: a teardown that fails must not lose them
     print(json.dumps(out), flush=True)
     model.close()
     return out

@@ -40,8 +40,7 @@ class CpuSteps:
 
     def close(self) -> None:
         """Drop the binding before the session: ONNX Runtime's IOBinding points into its
-        session, and freeing them the other way round (the order Python drops attributes in)
-        intermittently aborted the process at exit ("free(): invalid pointer"). Runs once."""
+        session, so it goes first rather than in the order Python drops attributes. Runs once."""
         if not hasattr(self, "io"):
             return
         self.io.clear_binding_inputs()

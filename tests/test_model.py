@@ -240,6 +240,29 @@ def test_real_model_agrees_with_llama_cpp(real_gguf, tmp_path: Path, name: str) 
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_releasing_a_stale_range_never_changes_what_it_now_holds() -> None:
+    """The release reads the weight file's ranges while ONNX Runtime still loads; a range it
+    unmaps meanwhile can be reused by the heap before the advice lands. Written memory at such
+    an address must keep its bytes (the old advice zeroed it: wrong logits, then an abort in
+    free())."""
+    import ctypes
+    import mmap
+
+    from npuchat.engine.process_memory import release_ranges
+
+    size = 16 * mmap.PAGESIZE
+    heap = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # heap pages where a file was mapped
+    pattern = bytes(range(256)) * (size // 256)
+    heap[:] = pattern
+    view = ctypes.c_char.from_buffer(heap)
+    start = ctypes.addressof(view)
+    release_ranges([(start, start + size)])
+    del view
+    assert heap[:] == pattern
+    heap.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
 def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(
     synthetic_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
