@@ -113,14 +113,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:
         out["profile"] = _profile(model, args.threads, 1 if model.exact_decode else 0)
     if args.floor:
-        out["floor_ms"] = _matmul_floor(model.graph_dir, args.threads)
+        out["floor_ms"] = _matmul_floor(model.graph_dir, model.path, args.threads)
     # figures out before the teardown: a teardown that fails must not lose them
     print(json.dumps(out), flush=True)
     model.close()
     return out
 
 
-def _matmul_floor(graph_dir: Path, threads: int | None) -> dict[str, float]:
+def _matmul_floor(graph_dir: Path, gguf: Path, threads: int | None) -> dict[str, float]:
     """Milliseconds per step of the model's matmuls alone, at M = 1 and 2 rows (median of 8).
 
     Every `MatMulNBits`, offset `Gemm` and `QMatMul` of the built graph, with its real weights,
@@ -132,6 +132,7 @@ def _matmul_floor(graph_dir: Path, threads: int | None) -> dict[str, float]:
     from onnx import TensorProto, helper
 
     from npuchat.engine.custom_ops import kernels_for
+    from npuchat.engine.gguf_initializers import gguf_initializers
     from npuchat.engine.runtime import session_options_for
 
     src = onnx.load(str(graph_dir / "decoder.onnx"), load_external_data=False)
@@ -168,7 +169,11 @@ def _matmul_floor(graph_dir: Path, threads: int | None) -> dict[str, float]:
     onnx.save_model(floor, str(path))
     try:
         kernels = kernels_for(4).path if any(n.op_type == "QMatMul" for n in nodes) else None
-        sess = ort.InferenceSession(str(path), session_options_for("cpu", threads, kernels))
+        so = session_options_for("cpu", threads, kernels)
+        shared = gguf_initializers(graph_dir / "decoder.onnx", gguf)  # blocks read in place
+        if shared is not None:
+            shared.add_to(so, used)
+        sess = ort.InferenceSession(str(path), so)
     finally:
         path.unlink()
     result = {}
@@ -198,11 +203,15 @@ def _profile(model: Any, threads: int | None, pad: int) -> dict[str, float]:
     import onnxruntime as ort
 
     from npuchat.engine.custom_ops import kernels_for
+    from npuchat.engine.gguf_initializers import gguf_initializers
     from npuchat.engine.runtime import session_options_for
 
     so = session_options_for("cpu", threads, kernels_for(4).path)  # unused if the graph has none
     so.enable_profiling = True
     so.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    shared = gguf_initializers(model.graph_dir / "decoder.onnx", model.path)
+    if shared is not None:
+        shared.add_to(so)
     sess = ort.InferenceSession(str(model.graph_dir / "decoder.onnx"), so)
     io = sess.io_binding()
     values = {}
@@ -306,11 +315,14 @@ def main() -> None:
         f"threads={args.threads}  load average={os.getloadavg()[0]:.2f}  "
         f"onnxruntime={__import__('onnxruntime').__version__}"
     )
+    from npuchat.engine.hashing import model_sha256
+
     runs = [(name, mode) for name in args.models for mode in args.kernels.split(",")]
     llama_runs: dict[Path, dict[str, float]] = {}
     for name, mode in runs:
         path = _resolve(name)
         with tempfile.TemporaryDirectory() as cache:
+            model_sha256(path, Path(cache))  # as after `npuchat pull`, which hashed the file
             cold = _phase(path, "cold", Path(cache), args, mode)
             run = _phase(path, "run", Path(cache), args, mode)
         size_mib = path.stat().st_size / 2**20

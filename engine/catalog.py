@@ -19,6 +19,7 @@ from typing import Any
 
 from .errors import IntegrityError, ModelNotFoundError, ModelNotInstalledError, NpuchatError
 from .gguf_reader import GGUFFile
+from .hashing import model_sha256
 from .paths import Paths
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -182,7 +183,8 @@ class Catalog:
     def resolve(self, name: str) -> Path:
         """Path of an installed model, or a one-line error saying how to get it."""
         entry = self.get(name)
-        if self.installed(entry) is None:
+        manifest = self.installed(entry)
+        if manifest is None:
             path = self.file_path(entry)
             if entry.path is not None:
                 raise ModelNotInstalledError(
@@ -200,15 +202,21 @@ class Catalog:
         path = self.file_path(entry)
         if entry.path is not None and entry.sha256:
             self._check_content(entry, path)
+        elif entry.path is None:
+            self._check_content(entry, path, manifest.sha256)
         return path
 
-    def _check_content(self, entry: CatalogEntry, path: Path) -> None:
-        """An imported file's bytes against the sha256 recorded at import. Hashed once per
-        change of size or mtime (the digest is cached beside the graphs), so a file damaged or
-        replaced in place is refused instead of producing garbage."""
-        from .runtime import model_sha256  # ONNX Runtime is only needed once a model loads
-
-        if model_sha256(path, self.paths.cache_dir) != entry.sha256:
+    def _check_content(self, entry: CatalogEntry, path: Path, pulled: str | None = None) -> None:
+        """The file's bytes against the sha256 recorded at import (or at pull: `pulled`).
+        Hashed once per change of the file's stamp (the digest is cached beside the graphs),
+        so a file damaged or replaced in place is refused instead of producing garbage."""
+        digest = model_sha256(path, self.paths.cache_dir)
+        if pulled is not None and digest != pulled:
+            raise IntegrityError(
+                f"{path} changed since it was pulled (its sha256 no longer matches); run "
+                f"`npuchat pull {entry.name} --force` to fetch it again"
+            )
+        if pulled is None and digest != entry.sha256:
             raise IntegrityError(
                 f"{path} changed since it was imported (its sha256 no longer matches); if the"
                 f" change is intended, run `npuchat import {path} --name {entry.name}` again"

@@ -75,6 +75,9 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
         self.buf = buf
@@ -99,6 +102,29 @@ class _Cursor:
         n = self.scalar("<Q")
         return self.take(n).decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row: `string` inlined, since a vocabulary and its merges are
+        300k of them and this loop is most of a cached start's parse."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        length = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                break
+            (n,) = length(buf, pos)
+            pos += 8
+            if pos + n > end:
+                break
+            append(buf[pos : pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        else:
+            self.pos = pos
+            return out
+        self.pos = end
+        self.take(1)  # past the end: the truncation error
+        return out
+
     def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype][0])
@@ -122,6 +148,8 @@ class _Cursor:
                     f"{self.path}: a metadata array claims {count} elements (at most"
                     f" {MAX_ARRAY_ELEMENTS} fit a model file); the file is damaged"
                 )
+            if etype == _STRING:
+                return self.strings(count)
             return [self.value(etype, depth + 1) for _ in range(count)]
         raise GGUFFormatError(f"{self.path}: unknown GGUF value type {vtype}; is it a GGUF file?")
 
@@ -219,6 +247,10 @@ class GGUFFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def file_bytes(self) -> np.ndarray:
+        """The whole file as a read-only uint8 view into the mapping (drop it before `close`)."""
+        return np.frombuffer(self._map, dtype=np.uint8)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view into the mapped file (no copy)."""

@@ -55,9 +55,11 @@ def native_rows(g: GGUFFile, name: str) -> RawRows | None:
     return RawRows(info.ggml_type, k, g.raw(name).reshape(n, k // block * size))
 
 
-def stack_native(parts: Sequence[RawRows]) -> tuple[RawRows, int]:
+def stack_native(parts: Sequence[RawRows], joined: np.ndarray | None = None) -> tuple[RawRows, int]:
     """Fuse parts of one type by rows; the scaled parts must lead and share one scale (the Q of
-    Q|K|V). Returns the fused rows (with that scale) and how many leading rows take it."""
+    Q|K|V). Returns the fused rows (with that scale) and how many leading rows take it.
+    `joined`: the parts' rows already as one array (the file's own bytes when the tensors lie
+    back to back in it), used instead of a concatenated copy."""
     scales = [p.scale for p in parts]
     scale = scales[0]
     lead = 0
@@ -65,6 +67,9 @@ def stack_native(parts: Sequence[RawRows]) -> tuple[RawRows, int]:
         lead += 1
     if any(s != 1.0 for s in scales[lead:]):
         raise ValueError("only a leading run of parts can be scaled")
-    data = np.concatenate([p.data for p in parts]) if len(parts) > 1 else parts[0].data
+    if joined is not None:
+        data = joined
+    else:
+        data = np.concatenate([p.data for p in parts]) if len(parts) > 1 else parts[0].data
     scaled_rows = 0 if scale == 1.0 else sum(p.n for p in parts[:lead])
     return RawRows(parts[0].ggml_type, parts[0].k, data, scale), scaled_rows

@@ -1,10 +1,12 @@
 """GGUF tensors → the graphs' initializers: one page-aligned external-data file of weights.
 
 Every graph of a model (CPU or NPU, any shape) references the same `weights.bin`, written once
-here. Matrices keep their GGUF block quantization as `MatMulNBits` (4/8-bit, block 32), as the
-GGUF's own blocks for `npuchat.QMatMul` (`graph_native`, when the native kernels are used), or
-dense float; Q/K/V and gate/up are fused into one matrix each, llama Q/K rows are permuted back
-to the NEOX rotary layout, and attention's 1/√dh is folded into the Q weights (`graph_builder` doc).
+here; with the native kernels, blocks kept as the GGUF holds them are not copied into it but
+referenced where they lie in the model file (`gguf_initializers`). Matrices keep their GGUF block
+quantization as `MatMulNBits` (4/8-bit, block 32), as the GGUF's own blocks for
+`npuchat.QMatMul` (`graph_native`, when the native kernels are used), or dense float; Q/K/V and
+gate/up are fused into one matrix each, llama Q/K rows are permuted back to the NEOX rotary
+layout, and attention's 1/√dh is folded into the Q weights (`graph_builder` doc).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from .errors import UnsupportedModelError
+from .gguf_initializers import GGUF_REF
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_native import RawRows, native_rows, stack_native
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
@@ -43,14 +46,46 @@ def llama_rope_permutation(n_heads: int, head_dim: int) -> np.ndarray:
 
 
 class _WeightWriter:
-    """Streams initializers into one external-data file, page-aligned, as they are produced."""
+    """Streams initializers into one external-data file, page-aligned, as they are produced.
 
-    def __init__(self, path: Path) -> None:
+    With `source`, an array that is a stretch of the GGUF's own mapping (unchanged blocks: the
+    mapping is read-only, so any changed array is a copy) is referenced at its file offset
+    instead of written."""
+
+    def __init__(self, path: Path, source: GGUFFile | None = None) -> None:
         self.path = path
         self.file = open(path, "wb")  # noqa: SIM115 - closed in close()
         self.tensors: dict[str, TensorProto] = {}
+        self.source = source.file_bytes() if source is not None else None
+        self.mapped = 0  # bytes referenced in the GGUF instead of written
+
+    def _file_offset(self, arr: np.ndarray) -> int | None:
+        base = self.source
+        if base is None or not arr.flags.c_contiguous or arr.flags.writeable:
+            return None
+        start = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        return start if start >= 0 and start + arr.nbytes <= base.size else None
+
+    def joined(self, parts: Sequence[RawRows]) -> np.ndarray | None:
+        """Several tensors' block rows as one view of the file, when they lie back to back in
+        it (gate and up do in llama.cpp's files); None otherwise."""
+        offsets = [self._file_offset(p.data) for p in parts]
+        if len(parts) < 2 or self.source is None:
+            return None
+        for part, start, nxt in zip(parts, offsets, [*offsets[1:], None], strict=True):
+            if start is None or (nxt is not None and start + part.data.nbytes != nxt):
+                return None
+        first = offsets[0]
+        assert first is not None
+        rows = sum(p.n for p in parts)
+        size = rows * parts[0].data.shape[1]
+        return self.source[first : first + size].reshape(rows, parts[0].data.shape[1])
 
     def add(self, name: str, arr: np.ndarray) -> str:
+        offset = self._file_offset(arr)
+        if offset is not None:
+            self.mapped += arr.nbytes
+            return self._record(name, arr, GGUF_REF, offset)
         arr = np.ascontiguousarray(arr)
         pos = self.file.tell()
         pad = (-pos) % _ALIGN
@@ -58,12 +93,15 @@ class _WeightWriter:
             self.file.write(b"\0" * pad)
             pos += pad
         self.file.write(arr.tobytes())
+        return self._record(name, arr, WEIGHTS_FILE, pos)
+
+    def _record(self, name: str, arr: np.ndarray, location: str, offset: int) -> str:
         t = TensorProto()
         t.name = name
         t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
         t.dims.extend(arr.shape)
         t.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", WEIGHTS_FILE), ("offset", pos), ("length", arr.nbytes)):
+        for key, value in (("location", location), ("offset", offset), ("length", arr.nbytes)):
             entry = t.external_data.add()
             entry.key, entry.value = key, str(value)
         self.tensors[name] = t
@@ -71,6 +109,9 @@ class _WeightWriter:
 
     def close(self) -> None:
         self.file.close()
+        self.source = None  # the view must go before the GGUF closes
+        if self.mapped:  # the stand-in for the GGUF that ONNX Runtime's path check wants
+            (self.path.parent / GGUF_REF).touch()
 
 
 @dataclass
@@ -126,7 +167,8 @@ def _store_linear(
     for gi, group in enumerate(groups):
         base = f"{name}.{gi}"
         if isinstance(group[0], RawRows):
-            raw, scaled_rows = stack_native([g for g in group if isinstance(g, RawRows)])
+            parts = [g for g in group if isinstance(g, RawRows)]
+            raw, scaled_rows = stack_native(parts, w.joined(parts))
             lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", raw.data))
             lin.ggml_type, lin.scale, lin.scaled_rows = int(raw.ggml_type), raw.scale, scaled_rows
             if bias is not None:
@@ -217,8 +259,10 @@ def write_weights(
     progress: Callable[[float], None] | None = None,
     native: bool = False,
 ) -> Weights:
-    """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout, or with
-    `native` the GGUF's own blocks wherever the native kernels cover the type)."""
+    """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout), or with
+    `native` keep the GGUF's own blocks wherever the native kernels cover the type: those rows
+    stay in the GGUF where they can (a row permutation or a fusion of tensors that are not
+    adjacent in the file is written as a copy)."""
     cfg = g.config
 
     def fetch(name: str) -> Matrix:
@@ -226,7 +270,7 @@ def write_weights(
             raise UnsupportedModelError(f"{g.path.name}: tensor {name} is missing")
         return (native_rows(g, name) if native else None) or _matrix(g, name)
 
-    w = _WeightWriter(out_dir / WEIGHTS_FILE)
+    w = _WeightWriter(out_dir / WEIGHTS_FILE, g if native else None)
     try:
         layers = []
         for i in range(cfg.n_layers):

@@ -176,8 +176,9 @@ class Model:
 
             def open_session(folder: Path) -> ort.InferenceSession:
                 report("loading graphs", 0.0)
+                graph, gguf = folder / "decoder.onnx", self.path  # its blocks are read in place
                 with releasing_file_pages(folder / WEIGHTS_FILE) as released:
-                    session = create_session(folder / "decoder.onnx", device, threads, kernels.path)
+                    session = create_session(graph, device, threads, kernels.path, gguf)
                 self.released_bytes = released[0]
                 return session
 

@@ -28,7 +28,7 @@ from typing import BinaryIO, Protocol
 from .catalog import Catalog, CatalogEntry, Manifest
 from .errors import IntegrityError, NpuchatError
 from .gguf_reader import GGUFFile
-from .hashing import sha256_file
+from .hashing import remember_sha256, sha256_file
 
 _COPY_CHUNK = 8 << 20
 
@@ -158,6 +158,7 @@ def _install(catalog: Catalog, entry: CatalogEntry, tmp_file: Path, sha: str) ->
     Manifest(entry.name, sha, st.st_size, st.st_mtime_ns, arch, entry.source).write(
         catalog.manifest_path(entry)
     )
+    remember_sha256(final, catalog.paths.cache_dir, sha)  # the first start need not hash it
     return final
 
 

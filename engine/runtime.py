@@ -27,8 +27,10 @@ from typing import Any, TypeVar
 
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from . import hashing
 from .devices import DEVICES, QNN_EP
 from .errors import NpuchatError
+from .gguf_initializers import gguf_initializers
 from .graph_builder import BUILDER_VERSION
 from .hashing import sha256_file
 
@@ -47,27 +49,8 @@ def _process_alive(pid: int) -> bool:
 
 
 def model_sha256(path: Path, cache_dir: Path) -> str:
-    """The model file's sha256, cached in a sidecar keyed by path, size and mtime.
-
-    Hashing a 1 GB file costs ~1 s per start; the sidecar makes it a stat() call. A file that was
-    replaced (different size or mtime) is hashed again.
-    """
-    path = Path(path).resolve()
-    st = path.stat()
-    sidecar = cache_dir / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
-    stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    try:
-        saved = json.loads(sidecar.read_text())
-        if {k: saved.get(k) for k in stamp} == stamp and len(saved.get("sha256", "")) == 64:
-            return str(saved["sha256"])
-    except (OSError, ValueError):
-        pass
-    digest = sha256_file(path)
-    sidecar.parent.mkdir(parents=True, exist_ok=True)
-    tmp = sidecar.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({**stamp, "sha256": digest}))
-    tmp.replace(sidecar)
-    return digest
+    """`hashing.model_sha256`: the model's digest, hashed only when the file changed."""
+    return hashing.model_sha256(path, cache_dir, sha256_file)
 
 
 def cache_key(
@@ -260,14 +243,20 @@ def session_options_for(
 
 
 def create_session(
-    onnx_path: Path, device: str, threads: int | None, kernels: Path | None = None
+    onnx_path: Path,
+    device: str,
+    threads: int | None,
+    kernels: Path | None = None,
+    gguf: Path | None = None,
 ) -> ort.InferenceSession:
+    """`gguf`: the model file, for graphs whose weights are read where they lie in it."""
+    so = session_options_for(device, threads, kernels)
+    shared = gguf_initializers(onnx_path, gguf) if gguf is not None else None
+    if shared is not None:
+        shared.add_to(so)
     try:
-        return ort.InferenceSession(
-            str(onnx_path),
-            session_options_for(device, threads, kernels),
-            providers=providers_for(device),
-        )
+        session = ort.InferenceSession(str(onnx_path), so, providers=providers_for(device))
+        return shared.attach(session) if shared is not None else session
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
             raise

