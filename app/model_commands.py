@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from npuchat.engine.catalog import CatalogEntry, check_name, describe_gguf
+from npuchat.engine.custom_ops import kernels_for
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.gguf_reader import check_regular_file
-from npuchat.engine.hashing import sha256_file
+from npuchat.engine.hashing import remember_sha256, sha256_file
 from npuchat.engine.pull import pull
 
 from .context import AppContext
@@ -119,7 +120,19 @@ def pull_model(
         console.print(f"{n}: {verb} ({p})", highlight=False)
         path = path or p
     assert path is not None
+    prepare_kernels(console)
     return path
+
+
+def prepare_kernels(console: Console) -> None:
+    """Build the native CPU kernels now if this machine has none yet (npm and a compiler,
+    ~30-60 s once), so the first model load is not silently that much longer."""
+    with console.status("preparing the CPU kernels (built once per machine)…"):
+        try:
+            kernels = kernels_for(4).describe()
+        except NpuchatError as exc:  # NPUCHAT_KERNELS=on and they cannot be built
+            kernels = str(exc)
+    console.print(f"cpu matmuls: {kernels}", highlight=False)
 
 
 def cmd_pull(
@@ -177,9 +190,11 @@ def cmd_import(ctx: AppContext, file: str, name: str | None, console: Console) -
         models[name] = entry
 
     edit_toml(ctx.paths.config_file, register)
+    remember_sha256(path, ctx.paths.cache_dir, sha)  # the first load need not hash it again
     console.print(
         f"imported {name} ({info['arch']}, {info['params']}) from {path}", highlight=False
     )
+    prepare_kernels(console)
     return 0
 
 
