@@ -44,12 +44,33 @@ struct ActBlock {
 };
 
 // Activations per 256 elements (for the K types), with the sums of qs per 16 elements that the
-// minima (Q4_K) and the -32 offset (Q6_K) are multiplied by.
+// -32 offset (Q6_K) is multiplied by, and per 32 (pairs of those) for the minima (Q4_K): kept
+// here so that a matmul does not re-add them for every weight row.
 struct ActSuper {
   float d;
   int16_t bsums[QK_K / 16];
+  int16_t bsums32[QK_K / 32];
   int8_t qs[QK_K];
 };
+
+// The block sums of a quantized super-block (exact: at most 32 * 127 in magnitude).
+inline void super_sums(ActSuper* y) {
+  for (int g = 0; g < QK_K / 16; ++g) {
+    int s = 0;
+    for (int i = 0; i < 16; ++i) s += y->qs[16 * g + i];
+    y->bsums[g] = static_cast<int16_t>(s);
+  }
+  for (int g = 0; g < QK_K / 32; ++g) {
+    y->bsums32[g] = static_cast<int16_t>(y->bsums[2 * g] + y->bsums[2 * g + 1]);
+  }
+}
+
+// d * sum(qs) of a quantized 32-element block (what Q4_1's minimum is multiplied by).
+inline void block_sum(ActBlock* y) {
+  int s = 0;
+  for (int i = 0; i < QK; ++i) s += y->qs[i];
+  y->sum = y->d * static_cast<float>(s);
+}
 
 // IEEE half -> float without F16C (the portable path; the AVX2 path converts in hardware).
 inline float half_to_float(uint16_t h) {
@@ -99,16 +120,20 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 constexpr int MAX_ROWS = 4;
 using DotRows = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
 
+// Row quantizers: k floats (a multiple of the block) -> k / block activation blocks. Every path
+// applies the same rule (d = max|x| / 127, q = x * (127 / max|x|) rounded half to even), so
+// activations are the same bytes on every machine; the AVX2 ones only do it 8 lanes at a time.
+using QuantizeBlocks = void (*)(const float* x, ActBlock* y, int k);
+using QuantizeSupers = void (*)(const float* x, ActSuper* y, int k);
+
 struct Kernels {
   const char* isa;
   DotRows q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
+  QuantizeBlocks quantize_blocks;
+  QuantizeSupers quantize_supers;
 };
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();  // nullptr when the CPU lacks AVX2/FMA/F16C
-
-// Row quantizers (shared by both paths, so activations round the same way on every machine).
-void quantize_blocks(const float* x, ActBlock* y, int k);
-void quantize_supers(const float* x, ActSuper* y, int k);
 
 }  // namespace npq

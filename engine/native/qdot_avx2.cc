@@ -105,10 +105,10 @@ template <int R>
 NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0xF);
   __m256 acc[R];
-  float minima[R];
+  __m128 minima[R];  // dmin * d_x * (minimum . sums of 32 activations), 4 lanes
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm256_setzero_ps();
-    minima[r] = 0.0f;
+    minima[r] = _mm_setzero_ps();
   }
   for (int b = 0; b < nb; ++b, w += 144) {
     // The 8 6-bit scales, then the 8 minima, one byte each (branch-free unpacking).
@@ -141,23 +141,28 @@ NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
     const float d = half(w), dmin = half(w + 2);
     for (int r = 0; r < R; ++r) {
       const ActSuper& y = act<ActSuper>(x, r)[b];
-      // Sums of 32 activations (pairs of the 16-element sums) times each sub-block's minimum.
-      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
-      const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-      __m128i m = _mm_madd_epi16(mins16, pairs);
-      m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0x4e));
-      m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0xb1));
-      const int summ = _mm_cvtsi128_si32(m);
+      const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums32));
+      const __m128i m = _mm_madd_epi16(mins16, pairs);
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-      minima[r] += y.d * dmin * static_cast<float>(summ);
+      minima[r] = _mm_fmadd_ps(_mm_set1_ps(y.d * dmin), _mm_cvtepi32_ps(m), minima[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - minima[r];
+  for (int r = 0; r < R; ++r) {
+    __m128 mv = minima[r];
+    mv = _mm_add_ps(mv, _mm_movehl_ps(mv, mv));
+    mv = _mm_add_ss(mv, _mm_movehdup_ps(mv));
+    out[r] = hsum(acc[r]) - _mm_cvtss_f32(mv);
+  }
 }
 
-// Scales of groups g (the first 16 bytes' pairs) and g + 1 as 16 int16 lanes for madd.
-NPQ_AVX2 inline __m256i two_scales(const int8_t* sc, int g) {
-  return _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+// Scales of groups g and g + 1 (int16 lanes of `both`, one 128-bit lane holding 8 scales) as
+// 16 int16 lanes for madd: a byte shuffle per pair instead of two broadcasts and an insert.
+template <int G>
+NPQ_AVX2 inline __m256i two_scales(__m256i both) {
+  constexpr char lo0 = 2 * G, lo1 = 2 * G + 1, hi0 = 2 * G + 2, hi1 = 2 * G + 3;
+  return _mm256_shuffle_epi8(both, _mm256_setr_epi8(
+      lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1, lo0, lo1,
+      hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1));
 }
 
 template <int R>
@@ -179,8 +184,10 @@ NPQ_AVX2 void q6_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
     }
     const uint8_t* ql = w;
     const uint8_t* qh = w + 128;
-    const int8_t* sc = scales;
-    for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8) {
+    for (int h = 0; h < 2; ++h, ql += 64, qh += 32) {
+      // This half's 8 scales (int16) in both 128-bit lanes.
+      const __m256i both = h == 0 ? _mm256_permute4x64_epi64(scales16, 0x44)
+                                  : _mm256_permute4x64_epi64(scales16, 0xEE);
       const __m256i l1 = load32(ql), l2 = load32(ql + 32), hb = load32(qh);
       const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l1, m15),
                                          _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
@@ -192,8 +199,8 @@ NPQ_AVX2 void q6_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
       const __m256i q3 = _mm256_or_si256(
           _mm256_and_si256(_mm256_srli_epi16(l2, 4), m15),
           _mm256_srli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(-64)), 2));
-      const __m256i s0 = two_scales(sc, 0), s1 = two_scales(sc, 2);
-      const __m256i s2 = two_scales(sc, 4), s3 = two_scales(sc, 6);
+      const __m256i s0 = two_scales<0>(both), s1 = two_scales<2>(both);
+      const __m256i s2 = two_scales<4>(both), s3 = two_scales<6>(both);
       for (int r = 0; r < R; ++r) {
         const int8_t* y = act<ActSuper>(x, r)[b].qs + 128 * h;
         const __m256i a = _mm256_add_epi32(dot_u8_scaled(q0, load32(y), s0),
@@ -239,11 +246,57 @@ NPQ_ROWS(Q4_KK, q4_k_rows<R>)
 NPQ_ROWS(Q6_KK, q6_k_rows<R>)
 #undef NPQ_ROWS
 
+// The portable rule of quantize_run (qdot_scalar.cc) 8 lanes at a time: the same max, the same
+// two divisions, _mm256_cvtps_epi32 rounds half to even as lrintf does in the default mode.
+NPQ_AVX2 float quantize_run(const float* x, int8_t* q, int n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 mx = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) {
+    mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float amax = _mm_cvtss_f32(m);
+  if (amax == 0.0f) {
+    std::memset(q, 0, static_cast<size_t>(n));
+    return 0.0f;
+  }
+  const __m256 id = _mm256_set1_ps(127.0f / amax);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lanes
+  for (int i = 0; i < n; i += 32) {
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), id));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), id));
+    const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), id));
+    const __m256i d = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), id));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i),
+                        _mm256_max_epi8(ordered, _mm256_set1_epi8(-127)));
+  }
+  return amax / 127.0f;
+}
+
+NPQ_AVX2 void quantize_blocks(const float* x, ActBlock* y, int k) {
+  for (int b = 0; b < k / QK; ++b) {
+    y[b].d = quantize_run(x + b * QK, y[b].qs, QK);
+    block_sum(&y[b]);
+  }
+}
+
+NPQ_AVX2 void quantize_supers(const float* x, ActSuper* y, int k) {
+  for (int b = 0; b < k / QK_K; ++b) {
+    y[b].d = quantize_run(x + b * QK_K, y[b].qs, QK_K);
+    super_sums(&y[b]);
+  }
+}
+
 }  // namespace
 
 const Kernels* avx2_kernels() {
-  static const Kernels k{"avx2",           by_rows<Q4_0K>, by_rows<Q4_1K>, by_rows<Q5_0K>,
-                         by_rows<Q8_0K>, by_rows<Q4_KK>, by_rows<Q6_KK>};
+  static const Kernels k{"avx2",          by_rows<Q4_0K>, by_rows<Q4_1K>,  by_rows<Q5_0K>,
+                         by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
+                         quantize_supers};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                   __builtin_cpu_supports("f16c");

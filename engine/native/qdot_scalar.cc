@@ -133,27 +133,21 @@ void rows_of(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float*
   for (int r = 0; r < rows; ++r) out[r] = Dot(w, reinterpret_cast<const Act*>(x[r]), nb);
 }
 
-}  // namespace
-
 void quantize_blocks(const float* x, ActBlock* y, int k) {
   for (int b = 0; b < k / QK; ++b) {
     y[b].d = quantize_run(x + b * QK, y[b].qs, QK);
-    int s = 0;
-    for (int i = 0; i < QK; ++i) s += y[b].qs[i];
-    y[b].sum = y[b].d * static_cast<float>(s);
+    block_sum(&y[b]);
   }
 }
 
 void quantize_supers(const float* x, ActSuper* y, int k) {
   for (int b = 0; b < k / QK_K; ++b) {
     y[b].d = quantize_run(x + b * QK_K, y[b].qs, QK_K);
-    for (int g = 0; g < QK_K / 16; ++g) {
-      int s = 0;
-      for (int i = 0; i < 16; ++i) s += y[b].qs[16 * g + i];
-      y[b].bsums[g] = static_cast<int16_t>(s);
-    }
+    super_sums(&y[b]);
   }
 }
+
+}  // namespace
 
 const Kernels& scalar_kernels() {
   static const Kernels k{"scalar",
@@ -162,7 +156,9 @@ const Kernels& scalar_kernels() {
                          rows_of<ActBlock, dot_q5_0>,
                          rows_of<ActBlock, dot_q8_0>,
                          rows_of<ActSuper, dot_q4_k>,
-                         rows_of<ActSuper, dot_q6_k>};
+                         rows_of<ActSuper, dot_q6_k>,
+                         quantize_blocks,
+                         quantize_supers};
   return k;
 }
 

@@ -95,6 +95,33 @@ void run_tile(void* data, size_t t) {
   }
 }
 
+// Activation rows [t * QUANT_ROWS, ...) quantized into their blocks; rows are independent, so
+// many-row calls (prefill) split them across threads and get the same bytes.
+constexpr int64_t QUANT_ROWS = 8;
+
+struct QuantJob {
+  const Kernels* kern;
+  bool super;
+  const float* x;
+  int64_t m, k;
+  uint8_t* act;
+  size_t act_row_bytes;
+};
+
+void quantize_rows(void* data, size_t t) {
+  const QuantJob& j = *static_cast<const QuantJob*>(data);
+  const int64_t r1 = std::min(j.m, static_cast<int64_t>(t + 1) * QUANT_ROWS);
+  for (int64_t r = static_cast<int64_t>(t) * QUANT_ROWS; r < r1; ++r) {
+    uint8_t* dst = j.act + static_cast<size_t>(r) * j.act_row_bytes;
+    const float* src = j.x + r * j.k;
+    if (j.super) {
+      j.kern->quantize_supers(src, reinterpret_cast<ActSuper*>(dst), static_cast<int>(j.k));
+    } else {
+      j.kern->quantize_blocks(src, reinterpret_cast<ActBlock*>(dst), static_cast<int>(j.k));
+    }
+  }
+}
+
 OrtStatusPtr error(OrtErrorCode code, const std::string& msg) {
   return Ort::GetApi().CreateStatus(code, ("npuchat.QMatMul: " + msg).c_str());
 }
@@ -154,13 +181,12 @@ struct QMatMulKernel {
     const size_t act_row = super ? static_cast<size_t>(k / npq::QK_K) * sizeof(ActSuper)
                                  : static_cast<size_t>(k / npq::QK) * sizeof(ActBlock);
     std::vector<uint8_t> act(act_row * static_cast<size_t>(m));
-    for (int64_t r = 0; r < m; ++r) {
-      uint8_t* dst = act.data() + static_cast<size_t>(r) * act_row;
-      if (super) {
-        npq::quantize_supers(xs + r * k, reinterpret_cast<ActSuper*>(dst), static_cast<int>(k));
-      } else {
-        npq::quantize_blocks(xs + r * k, reinterpret_cast<ActBlock*>(dst), static_cast<int>(k));
-      }
+    QuantJob quant{&kern, super, xs, m, k, act.data(), act_row};
+    const size_t quant_tasks = static_cast<size_t>((m + QUANT_ROWS - 1) / QUANT_ROWS);
+    if (quant_tasks == 1) {
+      quantize_rows(&quant, 0);
+    } else {
+      ctx.ParallelFor(quantize_rows, quant_tasks, 0, &quant);
     }
     // About 32 KiB of weights per task: enough work to hide the hand-off, small enough that two
     // threads share a 1,536-row matrix evenly.
