@@ -117,7 +117,7 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 // One weight row (nb blocks) . `rows` activation rows (1..MAX_ROWS): out[r] = w . x[r].
 // A row's result is computed by the same instructions in the same order whatever `rows` is, so it
 // never depends on the rows beside it; taking several rows only shares the weights' unpacking.
-constexpr int MAX_ROWS = 4;
+constexpr int MAX_ROWS = 8;  // eight, not four: the K types ran ~10-20% faster per row at eight
 using DotRows = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
 
 // Row quantizers: k floats (a multiple of the block) -> k / block activation blocks. Every path

@@ -226,7 +226,11 @@ NPQ_AVX2 void by_rows(const uint8_t* w, const uint8_t* const* x, int rows, int n
     case 1: Kern<1>::run(w, x, nb, out); break;
     case 2: Kern<2>::run(w, x, nb, out); break;
     case 3: Kern<3>::run(w, x, nb, out); break;
-    default: Kern<4>::run(w, x, nb, out); break;
+    case 4: Kern<4>::run(w, x, nb, out); break;
+    case 5: Kern<5>::run(w, x, nb, out); break;
+    case 6: Kern<6>::run(w, x, nb, out); break;
+    case 7: Kern<7>::run(w, x, nb, out); break;
+    default: Kern<8>::run(w, x, nb, out); break;
   }
 }
 
