@@ -16,12 +16,13 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .errors import NpuchatError
 from .gguf_reader import ModelConfig
+from .kv_layout import attention_window
 from .kvcache import KVCache
 from .layer_inputs import apply_window
 
 __all__ = ["CpuSteps"]
 
-_KEPT_SHAPES = 6  # decode, batched decodes, verify widths, prefill chunks
+_KEPT_SHAPES = 8  # decode, batched decodes, verify widths, prefill chunks, at their windows
 
 
 class CpuSteps:
@@ -33,8 +34,8 @@ class CpuSteps:
         self.kv = kv
         self.io = session.io_binding()
         self._bound_cache: tuple[int, int, int] | None = None  # (generation, first row, rows)
-        self._bound_step: tuple[int, ...] | None = None  # (B, S, R, P, cache generation)
-        self._steps: dict[tuple[int, int, int, int], _StepBuffers] = {}
+        self._bound_step: tuple[int, ...] | None = None  # (B, S, R, P, W, cache generation)
+        self._steps: dict[tuple[int, int, int, int, int], _StepBuffers] = {}
         self._cache_values: list[ort.OrtValue] = []
         self._row_values: list[ort.OrtValue] = []  # a mixed step's row selection (`_bind_rows`)
 
@@ -69,16 +70,18 @@ class CpuSteps:
         layers' (cos, sin), shaped as `cos`, used by models with their own. `real`: how many
         of each sequence's S rows are tokens (the last ones; the others are left padding the
         matmuls skip, `graph_builder`); all when None. `run_options`: a run that can be ended
-        early (`run_abort`)."""
+        early (`run_abort`). Attention reads the slots the rows reach, as a capacity variant
+        (`kv_layout.attention_window`), not the whole cache."""
         b, s = embeddings.shape[:2]
-        buf = self._bind(b, s, b * logit_rows, pad, first_row)
+        kv = self.kv
+        window = attention_window(kv.capacities, kv.capacity, int(positions.max()) + 1)
+        buf = self._bind(b, s, b * logit_rows, pad, first_row, window)
         if real is not None:
             self._bind_rows(b, s, logit_rows, real)
         buf.embeddings[:] = embeddings
         buf.cos[:] = cos
         buf.sin[:] = sin
-        cfg, kv = self.cfg, self.kv
-        ring = kv.ring
+        cfg, ring = self.cfg, kv.ring
         if ring is not None and s > ring.size - ring.window:  # would overwrite rows still seen
             raise NpuchatError(f"a step of {s} rows is longer than the sliding-window rings allow")
         if ring is not None:  # sliding layers keep rings: their own slots and mask (`kv_ring`)
@@ -89,7 +92,7 @@ class CpuSteps:
             kv.fill_causal_mask(buf.mask, positions)
         if cfg.swa_layers and ring is None:  # windows through the mask over the full cache
             out = buf.mask_swa if cfg.mixed_windows else buf.mask
-            cols = np.arange(kv.capacity)
+            cols = np.arange(window)
             for j in range(b):
                 rows = slice(j, j + 1)
                 apply_window(out[rows], positions[j], cols, cfg.sliding_window, buf.mask[rows])
@@ -125,9 +128,9 @@ class CpuSteps:
             self.io.bind_ortvalue_input(name, v)
         self._bound_step = None
 
-    def _bind(self, b: int, s: int, r: int, p: int, first_row: int) -> _StepBuffers:
-        """Bind cache rows `first_row..+b` and this step shape's buffers; a no-op when nothing
-        changed."""
+    def _bind(self, b: int, s: int, r: int, p: int, first_row: int, w: int) -> _StepBuffers:
+        """Bind cache rows `first_row..+b` and the buffers of this step shape attending `w`
+        slots; a no-op when nothing changed."""
         kv, io = self.kv, self.io
         if self._bound_cache != (kv.generation, first_row, b):
             self._cache_values = []
@@ -140,10 +143,10 @@ class CpuSteps:
                     io.bind_ortvalue_output(f"present_{name}", value)  # in place
                     self._cache_values.append(value)
             self._bound_cache = (kv.generation, first_row, b)
-        key = (b, s, r, p)
+        key = (b, s, r, p, w)
         buf = self._steps.pop(key, None)
         if buf is None or buf.capacity != kv.capacity:
-            buf = _StepBuffers(self.cfg, b, s, r, p, kv)
+            buf = _StepBuffers(self.cfg, b, s, r, p, kv, w)
         self._steps[key] = buf  # most recent last
         while len(self._steps) > _KEPT_SHAPES:
             del self._steps[next(iter(self._steps))]
@@ -158,21 +161,23 @@ class CpuSteps:
 
 class _StepBuffers:
     """Preallocated inputs and outputs of one step shape: B sequences of S new rows each, R
-    logit rows (the last R/B of each sequence), capacity C.
+    logit rows (the last R/B of each sequence), capacity C, attending the first A ≤ C slots.
 
     The CPU graph scatters the new K/V rows into the cache itself (`kv_slots`, in place), so the
-    only output here is the logits; the mask covers the C cache columns. Sliding layers with
-    rings get their own slots and mask over the ring's columns (when every layer slides, those
-    are `kv_slots` and `mask` themselves).
+    only output here is the logits; the mask covers the A cache columns attended. Sliding
+    layers with rings get their own slots and mask over the ring's columns (when every layer
+    slides, those are `kv_slots` and `mask` themselves).
     """
 
-    def __init__(self, cfg: ModelConfig, b: int, s: int, r: int, p: int, kv: KVCache) -> None:
+    def __init__(
+        self, cfg: ModelConfig, b: int, s: int, r: int, p: int, kv: KVCache, w: int
+    ) -> None:
         f32 = np.float32
-        self.capacity = capacity = kv.capacity
+        self.capacity = kv.capacity
         ring = kv.ring is not None
         every = ring and not cfg.mixed_windows
         self.embeddings = np.zeros((b, s, cfg.d_model), f32)
-        self.mask = np.zeros((b, 1, s, kv.ring_slots if every else capacity), f32)
+        self.mask = np.zeros((b, 1, s, kv.ring_slots if every else w), f32)
         self.cos = np.zeros((b, s, cfg.head_dim // 2), f32)
         self.sin = np.zeros((b, s, cfg.head_dim // 2), f32)
         per = r // b
@@ -195,7 +200,7 @@ class _StepBuffers:
         }
         # Sliding layers' own mask and rotary tables, for models whose layers differ.
         # (aliases of the shared ones, never bound, for models without them)
-        swa_shape = (b, 1, s, kv.ring_slots or capacity)  # a cache without rings: C
+        swa_shape = (b, 1, s, kv.ring_slots or w)  # a cache without rings: the window
         self.mask_swa = np.zeros(swa_shape, f32) if cfg.mixed_windows else self.mask
         self.slots_swa = self.slots.copy() if ring and cfg.mixed_windows else self.slots
         self.cos_swa = np.zeros_like(self.cos) if cfg.local_rope else self.cos

@@ -80,6 +80,7 @@ def attend_inplace(
     kv: tuple[str, int],
     k_smooth: np.ndarray | None = None,
     slots: str = "kv_slots",
+    window: str | None = None,
 ) -> str:
     """Attention after scattering the S new rows into the cache at `kv_slots` (the CPU layout).
 
@@ -95,12 +96,17 @@ def attend_inplace(
     `k_smooth` `[Hkv, dh]` (int8, `kv_smoothing`): K is stored as `k / s` and Q multiplied by
     `s`, powers of two, so the scores are those of the unscaled rows.
     `slots` names the slot input (a sliding-window layer's ring has its own, `kv_ring`).
+    `window`: a `[1]` int64 tensor A (the mask's width): attention reads only the cache's first
+    A slots. A step whose rows hold a few hundred slots then pays for those, not for the
+    capacity a long prompt in another row moved the cache to; the columns it leaves out are
+    ones the mask hides, so every row's result is the same bit for bit at any A that covers it
+    (the products and sums over hidden columns add exact zeros).
     """
     if k_smooth is not None:
         k_new = gr.op("Mul", [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)])
         q = gr.op("Mul", [q, _per_channel(gr, f"k_smooth_{i}", k_smooth)])
-    k_all, k_scale = _store_rows(gr, i, "k", k_new, *kv, slots)
-    v_all, v_scale = _store_rows(gr, i, "v", v_new, *kv, slots)
+    k_all, k_scale = _store_rows(gr, i, "k", k_new, *kv, slots, window)
+    v_all, v_scale = _store_rows(gr, i, "v", v_new, *kv, slots, window)
     scores = gr.op("MatMul", [q, gr.op("Transpose", [k_all], perm=[0, 1, 3, 2])])
     if k_scale:
         scores = gr.op("Mul", [scores, k_scale])
@@ -111,22 +117,35 @@ def attend_inplace(
 
 
 def _store_rows(
-    gr: Graph, i: int, kind: str, new: str, kv_dtype: str, head_dim: int, slots: str
+    gr: Graph,
+    i: int,
+    kind: str,
+    new: str,
+    kv_dtype: str,
+    head_dim: int,
+    slots: str,
+    window: str | None = None,
 ) -> tuple[str, str | None]:
     """Scatter the new rows `[B, Hkv, S, dh]` into cache `kind` of layer i in its dtype.
 
-    Returns the whole cache as float32 `[B, Hkv, C, dh]` and, for int8, its scales as a row
-    `[B, Hkv, 1, C]` (the values are then the integers; the caller applies the scales). int8:
-    one scale per row of a head, `max(absmax / 127, tiny)` (tiny keeps an all-zero row finite),
-    and one blocked QuantizeLinear over head_dim (Div, Round and a saturating Cast in one op).
+    Returns the cache as float32 `[B, Hkv, C, dh]` (its first `window` slots when given) and,
+    for int8, its scales as a row `[B, Hkv, 1, C]` (the values are then the integers; the
+    caller applies the scales). int8: one scale per row of a head, `max(absmax / 127, tiny)`
+    (tiny keeps an all-zero row finite), and one blocked QuantizeLinear over head_dim (Div,
+    Round and a saturating Cast in one op). The window is cut before any conversion, so only
+    its slots are converted.
     """
     past, present = f"past_{kind}_{i}", f"present_{kind}_{i}"
+
+    def cut(x: str) -> str:  # the first `window` slots (axis 2)
+        return gr.op("Slice", [x, gr.ints([0]), window, gr.ints([2])]) if window else x
+
     if kv_dtype == "f32":
-        return gr.op("ScatterND", [past, slots, new], outputs=[present]), None
+        return cut(gr.op("ScatterND", [past, slots, new], outputs=[present])), None
     if kv_dtype == "f16":
         rows = gr.op("Cast", [new], to=TensorProto.FLOAT16)
         stored = gr.op("ScatterND", [past, slots, rows], outputs=[present])
-        return gr.op("Cast", [stored], to=TensorProto.FLOAT), None
+        return gr.op("Cast", [cut(stored)], to=TensorProto.FLOAT), None
     absmax = gr.op("ReduceMax", [gr.op("Abs", [new]), gr.ints([-1])], keepdims=1)
     scale = gr.op("Max", [gr.op("Div", [absmax, gr.scalar(127.0)]), gr.scalar(1e-30)])
     rows = gr.op(
@@ -134,8 +153,8 @@ def _store_rows(
     )
     stored = gr.op("ScatterND", [past, slots, rows], outputs=[present])
     scales = gr.op("ScatterND", [f"{past}_scale", slots, scale], outputs=[f"{present}_scale"])
-    columns = gr.op("Transpose", [scales], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: C floats
-    return gr.op("Cast", [stored], to=TensorProto.FLOAT), columns
+    columns = gr.op("Transpose", [cut(scales)], perm=[0, 1, 3, 2])  # [B, Hkv, 1, C]: C floats
+    return gr.op("Cast", [cut(stored)], to=TensorProto.FLOAT), columns
 
 
 def _rounded_like_int8(gr: Graph, rows: str) -> str:

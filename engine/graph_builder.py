@@ -25,8 +25,9 @@ bound by reading the weights); attention is per sequence (batched MatMuls over B
 
 The CPU graph (`GraphSpec.kv_inplace`) differs in attention only: an int64 input `kv_slots` `[B,
 Hkv, S, 3]` says where the new rows go (batch row, head, slot), ScatterND writes them into the
-cache, and every row attends the `[C]` cache columns under a `[B, 1, S, C]` mask. Its outputs
-`present_k_i`, `present_v_i` are the whole cache, bound by the host to the input buffers
+cache, and every row attends the cache's first A columns under a `[B, 1, S, A]` mask, A ≤ C
+(`GraphSpec.attn_window`: the host picks A for the step's rows, `kv_layout.attention_window`).
+Its outputs `present_k_i`, `present_v_i` are the whole cache, bound by the host to the input buffers
 themselves, so the scatter is in place (ONNX Runtime skips ScatterND's copy when input and
 output share a buffer). Why: a token's row is then computed identically whether it arrives alone
 (decode) or with the drafts after it (verify), which exact speculative decoding needs (`model`
@@ -142,6 +143,17 @@ def make_graph(
     if cfg.mixed_windows:
         masks[True] = tiled("mask_swa")
     splits: dict[int | str, str] = {}
+    ends: dict[str, str] = {}
+
+    def windows(local: bool) -> str | None:
+        """The slots a layer over the full capacity attends: its mask's width (`attn_window`);
+        a ring layer (`kv_ring`) attends its whole ring."""
+        if local and ring:
+            return None
+        name = "mask_swa" if local and cfg.mixed_windows else "mask"
+        if name not in ends:
+            ends[name] = gr.op("Shape", [name], start=3, end=4)
+        return ends[name]
 
     def split_cs(layer: int) -> str:
         """The [C, S] split of the attention columns into cached slots and new rows."""
@@ -229,7 +241,8 @@ def make_graph(
         if inplace:  # no [C, S] column split: attention reads the cache only
             slots = "kv_slots_swa" if local and ring and cfg.mixed_windows else "kv_slots"
             store = (spec.kv_dtype, dh)
-            att = attend_inplace(gr, i, q, rope(k, local), v, mask, store, smooth, slots)
+            window = windows(local) if spec.attn_window else None
+            att = attend_inplace(gr, i, q, rope(k, local), v, mask, store, smooth, slots, window)
         elif smooth is not None:  # int8: attend_split names the smoothed rows `new_k_i`
             att = attend_split(gr, i, q, rope(k, local), v, mask, split_cs(i), smooth)
         else:

@@ -36,6 +36,7 @@ class GraphSpec:
     ring: bool | int = False  # sliding layers' own cache rows (`kv_ring`): True = symbolic
     row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
+    attn_window: bool = False  # in place: attention reads the cache's first W slots (W: mask)
 
     @classmethod
     def cpu(
@@ -48,7 +49,8 @@ class GraphSpec:
         """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
         cache, row padding for exact one-row decode steps; `ring`: sliding-window layers keep
         a ring of their own size; `native_kernels`: `npuchat.QMatMul` for the block types it
-        covers."""
+        covers. Attention reads as many of the cache's slots as the mask has columns
+        (`attn_window`), so a step pays for what its rows hold, not for the capacity."""
         return cls(
             None,
             None,
@@ -61,6 +63,7 @@ class GraphSpec:
             ring=ring,
             row_select=True,
             native_kernels=native_kernels,
+            attn_window=True,
         )
 
     @classmethod
@@ -103,6 +106,8 @@ class GraphSpec:
             del key["row_select"]
         if not key["native_kernels"]:
             del key["native_kernels"]
+        if not key["attn_window"]:
+            del key["attn_window"]
         return key
 
 

@@ -45,6 +45,7 @@ from .errors import NpuchatError
 __all__ = [
     "KV_DTYPES",
     "KVSnapshot",
+    "attention_window",
     "bytes_per_token",
     "check_kv_dtype",
     "default_capacities",
@@ -152,3 +153,11 @@ def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
     top = max(1, min(context_length, limit))
     steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
     return [*(c for c in steps if c < top), top]
+
+
+def attention_window(capacities: Sequence[int], capacity: int, needed: int) -> int:
+    """The cache slots a CPU step attends (`GraphSpec.attn_window`): the smallest capacity
+    variant that holds `needed` slots, at most the cache's capacity. Variants, not the exact
+    length: every width is a shape ONNX Runtime sizes its buffers for on its first run, and
+    the variants keep the slots attended past the rows' ends to at most about 25%."""
+    return next((c for c in capacities if needed <= c <= capacity), capacity)

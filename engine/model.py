@@ -29,7 +29,7 @@ from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
-from .kv_layout import check_kv_dtype, default_capacities
+from .kv_layout import attention_window, check_kv_dtype, default_capacities
 from .kvcache import KVCache, KVSnapshot
 from .layer_inputs import rope_tables
 from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
@@ -229,6 +229,10 @@ class Model:
 
     def length(self, row: int = 0) -> int:  # valid K/V slots of cache row `row`
         return self._kv.lengths[row]
+
+    def window(self, slots: int) -> int:  # slots a step reaching `slots` attends (`CpuSteps`)
+        kv = self._kv
+        return kv.capacity if self._npu else attention_window(kv.capacities, kv.capacity, slots)
 
     @property
     def graph_builds(self) -> int:  # graph folders built by this load (0: the cache had them)

@@ -31,9 +31,9 @@ Choice (vLLM's and llama.cpp server's policies, shaped for one CPU):
   stream's next token then never waits much more than its usual time. (A step costs a fixed
   part, reading the weights, plus a part per row: a prefill chunk of its own between decode
   steps could never keep that bound.) One step in `REFRESH_EVERY` is a plain decode, so the
-  decode time stays current. The cache grows with the prompt (`_make_room`). On the NPU they
-  alternate, the chunk costing about one decode step; with nothing decoding, chunks are the
-  model's full prefill chunk;
+  decode time stays current. The cache moves once, to what the prompt needs (`_make_room`).
+  On the NPU they alternate, the chunk costing about one decode step; with nothing decoding,
+  chunks are the model's full prefill chunk;
 * cancel: a prefill checks its request's cancel event between chunks, and a chunk run alone
   is ended by it while it runs (`run_abort`);
 * a parked sequence (`Sequence.park`: its row given to an interactive request) has its steps
@@ -246,7 +246,8 @@ class StepScheduler(BatchedSteps):
                 return self._prefill_choice(p, full=True)  # background waits (paused)
             if p.priority == INTERACTIVE or not interactive_streams:
                 mixing = decodes and self.model.mixes_steps
-                if mixing and not self.costs.needs_refresh(self._mix_rows(decodes), self._cap):
+                rows = decodes[: self._mix_rows(decodes)]
+                if mixing and not self.costs.needs_refresh(len(rows), self._own_window(rows)):
                     return self._mixed_choice(p, decodes)
                 if decodes and self.model.mixes_steps:  # a plain step: a current decode time
                     return Choice("decode", decodes[: self.model.batch_max], True)

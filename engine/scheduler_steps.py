@@ -65,7 +65,9 @@ class BatchedSteps:
         rows = decodes[: self._mix_rows(decodes)]
         room = self.model.max_capacity - max(self.model.length(d.seq.row) for d in rows)
         left = len(prefill.ids) - prefill.offset
-        n = max(1, min(left, self.costs.mix_tokens(len(rows), self._cap), room))
+        window = self._mixed_window(rows, prefill, self.costs.mix_last)
+        fits = self.costs.mix_tokens(len(rows), self._own_window(rows), window)
+        n = max(1, min(left, fits, room))
         return Choice("mixed", [*rows, prefill], prefill.offset + n >= len(prefill.ids), n)
 
     def _contiguous(self, steps: list[Step]) -> None:
@@ -73,13 +75,27 @@ class BatchedSteps:
         for i, step in enumerate(sorted(steps, key=lambda s: s.seq.row)):
             self.slots.swap(step.seq.row, i)
 
-    def _run_decode(self, steps: list[Step]) -> None:
+    def _own_window(self, decodes: list[Step]) -> int:
+        """The cache slots a decode step of these rows attends (`Model.window`)."""
+        return self.model.window(max(self.model.length(d.seq.row) for d in decodes) + 1)
+
+    def _mixed_window(self, decodes: list[Step], prefill: Step, n: int) -> int:
+        """The slots a mixed step with an `n`-token chunk attends: the decode rows are padded
+        to the chunk's length, so each row reaches its length + n."""
+        rows = [*decodes, prefill]
+        return self.model.window(max(self.model.length(s.seq.row) for s in rows) + n)
+
+    def _run_decode(self, steps: list[Step], timed: bool = True) -> None:
+        """A batched decode step; `timed`: its time says what such a step costs (the first
+        step after the cache moved does not: ONNX Runtime sizes its buffers anew)."""
         self._contiguous(steps)
         steps.sort(key=lambda s: s.seq.row)
+        own = self._own_window(steps)
         t0 = self.clock()
         logits = self.model.decode_batch([s.ids[0] for s in steps], first_row=0)
         waits = any(s.kind == "prefill" for s in list(self._pending))  # not the usual step
-        self.costs.decoded(len(steps), self.clock() - t0, self._cap, waits)
+        if timed:
+            self.costs.decoded(len(steps), self.clock() - t0, own, waits)
         for j, step in enumerate(steps):
             step.result = logits[j]
         if self.record_steps:
@@ -90,23 +106,21 @@ class BatchedSteps:
             if step not in self._pending:
                 self._pending.append(step)
 
-    @property
-    def _cap(self) -> int:
-        return self.model.capacity
-
     def _mix_rows(self, decodes: list[Step]) -> int:  # decode rows a mixed step carries
         return min(len(decodes), self.model.batch_max - 1)
 
     def _make_room(self, decodes: list[Step], prefill: Step, n: int) -> bool:
-        """Reserve the capacity this mixed step reaches (`Model.reserve`): False while the
-        pages of a larger one are still being faulted in off the step path (the streams
-        decode meanwhile). The cache grows with the prompt, not to what the whole prompt will
-        need at its first chunk: every row attends all of the capacity's slots, so the
-        streams would pay the largest capacity's attention for the whole paste."""
+        """Reserve the capacity the whole prompt needs (`Model.reserve`): False while its
+        pages are still being faulted in off the step path (the streams decode meanwhile).
+        The cache moves once, before the prompt's first chunk, while its rows hold little to
+        copy; that costs the streams nothing after, since a step attends only the slots its
+        rows reach (`Model.window`), not the capacity. (Growing with the prompt instead moved
+        the cache at every variant it passed, each move copying more rows, at a step.)"""
         ends = [self.model.length(d.seq.row) + n for d in decodes]  # their pad slots too
-        need = max(self.model.length(prefill.seq.row) + n, *ends, self._room - _ROOM_SPARE)
-        need = min(need + _ROOM_SPARE, self.model.max_capacity)  # never less than before:
-        ready = self.model.reserve(need)  # a smaller chunk must not move the cache back down
+        end = self.model.length(prefill.seq.row) + len(prefill.ids) - prefill.offset
+        need = max(end, *ends, self._room - _ROOM_SPARE)  # never less than before: the
+        need = min(need + _ROOM_SPARE, self.model.max_capacity)  # cache must not move down
+        ready = self.model.reserve(need)
         self._room = need if ready else self._room
         return ready
 
@@ -117,29 +131,25 @@ class BatchedSteps:
     def _run_mixed(self, chosen: Choice) -> str:
         """The decode steps plus a chunk of the last step's prefill, in one graph run: "mixed".
         Only the decode steps while the room for the prompt is being made ready ("wait-room"),
-        or when the cache just moved to a capacity no decode step has run at yet ("moved": the
-        first run at a capacity is dearer, ONNX Runtime growing its buffers, and the chunk's
-        budget needs the decode time there)."""
+        and in the step after the cache moved there ("moved": the first run over the moved
+        cache is dearer, ONNX Runtime sizing its buffers for it, and a chunk on top of that
+        would stretch the streams' gap)."""
         steps, n = chosen.steps, chosen.tokens
         *decodes, prefill = steps
-        cap = self._cap
+        cap = self.model.capacity
         ready = self._make_room(decodes, prefill, n)
-        if not ready or (self._cap != cap and self.costs.needs_refresh(len(decodes), self._cap)):
-            self._run_decode(decodes)
+        if not ready or self.model.capacity != cap:
+            self._run_decode(decodes, timed=ready)
             chosen.finishes = False
             self._repend(prefill)
             return "moved" if ready else "wait-room"
-        if self._cap != cap:  # the cache moved: the chunk was sized for the old capacity
-            n = chosen.tokens = min(n, self.costs.mix_tokens(len(decodes), self._cap))
-            if chosen.finishes and prefill.offset + n < len(prefill.ids):
-                chosen.finishes = False
-                self._repend(prefill)
         self._contiguous(steps)
         order = sorted(steps, key=lambda s: s.seq.row)
         chunk = prefill.ids[prefill.offset : prefill.offset + n]
+        own, window = self._own_window(decodes), self._mixed_window(decodes, prefill, n)
         t0 = self.clock()
         logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order])
-        self.costs.mixed(len(decodes), n, self.clock() - t0, self._cap)
+        self.costs.mixed(len(decodes), n, self.clock() - t0, own, window)
         for j, step in enumerate(order):
             step.result = logits[j]
         prefill.offset += n

@@ -7,12 +7,15 @@ about `MIX_TARGET` of the streams' *usual* steps (their decode steps while no pr
 beside them), and, where steps cannot mix (the NPU's static graphs), how many cost about one
 decode step.
 
-Costs are kept per cache capacity: every row attends all C slots of the cache, so a long prompt
-that moves the cache to a larger capacity makes every step of the streams dearer, and a budget
-taken from the step time at the new capacity would let their tokens slow down by more than the
-budget says. What a mixed-in chunk adds is fitted as a line, `fixed + n * per_token`: its row
-costs a part of its own whatever its length (its logits row through the vocabulary matmul, its
-attention over the cache), and a chunk sized as if that part were paid per token would stay at
+Costs are kept per attention window (`kv_layout.attention_window`): a step attends the cache
+slots its rows reach, so the streams' own decode steps cost what their lengths need while a
+long prompt grows beside them, and a mixed step, whose rows all attend as far as the prompt has
+reached, costs more as the prompt grows. A mixed step's time is taken against the plain decode
+step of the same rows at their own window (what the step would have cost without the prompt),
+and the budget is `MIX_TARGET` of their usual step. What a mixed-in chunk adds is fitted as a
+line, `fixed + n * per_token`, per window: its row costs a part of its own whatever its length
+(its logits row through the vocabulary matmul, its attention and the decode rows' attention
+over the prompt's window), and a chunk sized as if that part were paid per token would stay at
 one token for the rest of a paste.
 """
 
@@ -29,9 +32,9 @@ __all__ = ["MIX_TARGET", "REFRESH_EVERY", "StepCosts"]
 MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many usual steps
 REFRESH_EVERY = 12  # while mixing, one plain decode step in this many keeps its time current
 _FIRST_MIX = 4  # prompt tokens in a mixed step before anything is measured
-_SAMPLES = 8  # mixed steps the line is fitted to, per (decode rows, capacity)
+_SAMPLES = 8  # mixed steps the line is fitted to, per (decode rows, window)
 
-Key = tuple[int, int]  # (decode rows, cache capacity)
+Key = tuple[int, int]  # (decode rows, attention window)
 
 
 class StepCosts:
@@ -39,7 +42,7 @@ class StepCosts:
 
     def __init__(self, prefill_chunk: int) -> None:
         self.prefill_chunk = prefill_chunk
-        self.t_rows: dict[Key, float] = {}  # seconds per decode step of b rows at capacity C
+        self.t_rows: dict[Key, float] = {}  # seconds per decode step of b rows at window A
         self.usual: dict[int, float] = {}  # the same while no prompt waits, per rows
         self.last: Key | None = None  # the latest decode step's key
         self.decodes_at: dict[Key, int] = {}  # decode steps measured per key
@@ -53,12 +56,13 @@ class StepCosts:
         """Seconds of the latest kind of decode step (the NPU's chunks are sized from it)."""
         return self.t_rows[self.last] if self.last is not None else None
 
-    def decoded(self, rows: int, seconds: float, capacity: int, prompt_waits: bool) -> None:
-        """A plain decode step of `rows` rows at `capacity`; `prompt_waits`: a prompt is being
-        read beside them (the step does not say what the streams usually cost)."""
-        key = (rows, capacity)
+    def decoded(self, rows: int, seconds: float, window: int, prompt_waits: bool) -> None:
+        """A plain decode step of `rows` rows attending `window` slots; `prompt_waits`: a
+        prompt is being read beside them (the step does not say what the streams usually
+        cost)."""
+        key = (rows, window)
         runs = self.decodes_at[key] = self.decodes_at.get(key, 0) + 1
-        old = self.t_rows.get(key)  # the first step at a capacity also grows ORT's buffers
+        old = self.t_rows.get(key)  # the first step at a window also grows ORT's buffers
         self.t_rows[key] = min(old, seconds) if runs == 2 and old else ema(old, seconds, 0.3)
         if not prompt_waits:
             self.usual[rows] = ema(self.usual.get(rows), seconds, 0.3)
@@ -68,39 +72,40 @@ class StepCosts:
         if tokens >= 2:
             self.t_token = ema(self.t_token, seconds / tokens, 0.3)
 
-    def mixed(self, decodes: int, tokens: int, seconds: float, capacity: int) -> None:
-        """Learn what `tokens` prompt tokens add to a decode step of `decodes` rows (`_line`);
-        the decode time itself stays current through the plain steps `needs_refresh` asks
-        for."""
+    def mixed(self, decodes: int, tokens: int, seconds: float, own: int, window: int) -> None:
+        """Learn what `tokens` prompt tokens add, in a step attending `window` slots, to a
+        decode step of `decodes` rows at their `own` window (`_line`); the decode time itself
+        stays current through the plain steps `needs_refresh` asks for."""
         self.mix_last = tokens
         self.mixed_run += 1
-        base = self._decode_time(decodes, capacity)
+        base = self._decode_time(decodes, own)
         if base is None:
             return
         added = max(seconds - base, 0.0)
-        self.samples.setdefault((decodes, capacity), deque(maxlen=_SAMPLES)).append((tokens, added))
+        self.samples.setdefault((decodes, window), deque(maxlen=_SAMPLES)).append((tokens, added))
 
-    def needs_refresh(self, decodes: int, capacity: int) -> bool:
-        """Whether the next step should be a plain decode step: its time is getting stale, or
-        not known at this capacity from two steps (the first there is dearer)."""
-        known = self.decodes_at.get((decodes, capacity), 0) >= 2
-        if not known and any(c == capacity and n >= 2 for (_, c), n in self.decodes_at.items()):
+    def needs_refresh(self, decodes: int, own: int) -> bool:
+        """Whether the next step should be a plain decode step of these rows (at their `own`
+        window): its time is getting stale, or not known there from two steps (the first at a
+        window is dearer)."""
+        known = self.decodes_at.get((decodes, own), 0) >= 2
+        if not known and any(c == own and n >= 2 for (_, c), n in self.decodes_at.items()):
             known = True  # another row count is known here (`_decode_time`)
         return self.mixed_run >= REFRESH_EVERY or not known
 
-    def mix_tokens(self, decodes: int, capacity: int) -> int:
-        """Prompt tokens a mixed step with `decodes` decode rows at `capacity` can carry: what
-        fits between the step's own decode time and `MIX_TARGET` usual steps, growing at most
-        twofold a step (no overshoot on a first, lucky measurement). At a capacity not mixed at
-        yet (the cache just moved) it starts again from one token."""
-        base = self._decode_time(decodes, capacity)
-        line = self._line(decodes, capacity)
+    def mix_tokens(self, decodes: int, own: int, window: int) -> int:
+        """Prompt tokens a mixed step attending `window` slots, with `decodes` decode rows
+        whose `own` window is smaller, can carry: what fits between those rows' decode time
+        and `MIX_TARGET` usual steps, growing at most twofold a step (no overshoot on a first,
+        lucky measurement). At a window not mixed at yet it starts again from one token."""
+        base = self._decode_time(decodes, own)
+        line = self._line(decodes, window)
         if base is None or line is None:
             return _FIRST_MIX if not self.samples else 1
         fixed, per_token = line
         budget = MIX_TARGET * self.usual.get(decodes, base)
         fit = (budget - base - fixed) / max(per_token, 1e-9)
-        samples = self.samples[(decodes, capacity)]
+        samples = self.samples[(decodes, window)]
         seen = {n for n, _ in samples}
         if len(seen) == 1 and base + max(t for _, t in samples) < budget:
             fit = max(fit, next(iter(seen)) + 1)  # one size seen, under budget: try one more
@@ -113,19 +118,19 @@ class StepCosts:
             return min(8, self.prefill_chunk)
         return int(max(1, min(self.prefill_chunk, t_decode / self.t_token)))
 
-    def _decode_time(self, decodes: int, capacity: int) -> float | None:
-        """A decode step of `decodes` rows at `capacity`: measured, or the nearest row count
-        measured at that capacity (a step of 3 rows is never run alone when 4 stream)."""
-        known = [(abs(b - decodes), t) for (b, c), t in self.t_rows.items() if c == capacity]
-        return self.t_rows.get((decodes, capacity), min(known)[1] if known else None)
+    def _decode_time(self, decodes: int, window: int) -> float | None:
+        """A decode step of `decodes` rows at `window`: measured, or the nearest row count
+        measured at that window (a step of 3 rows is never run alone when 4 stream)."""
+        known = [(abs(b - decodes), t) for (b, c), t in self.t_rows.items() if c == window]
+        return self.t_rows.get((decodes, window), min(known)[1] if known else None)
 
-    def _line(self, decodes: int, capacity: int) -> tuple[float, float] | None:
+    def _line(self, decodes: int, window: int) -> tuple[float, float] | None:
         """(fixed, per token) seconds a mixed-in chunk adds, fitted to the recent mixed steps
         at this shape: the median of the slopes between pairs of steps of different sizes
         (Theil-Sen: one slow step among them, a busy moment, barely moves it), or the median
         cost per token while a single size has been seen (a per-token cost that includes the
         fixed part: higher, so chunks err small)."""
-        samples = self.samples.get((decodes, capacity))
+        samples = self.samples.get((decodes, window))
         if not samples:
             return None
         slopes = [

@@ -9,6 +9,7 @@ These are the numerics the concurrent engine's scheduling rests on, checked on `
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,56 @@ def test_rows_swap_with_their_contents(synthetic_gguf, tmp_path: Path) -> None: 
         assert (m.length(0), m.length(1)) == (len(b), len(a))
         got = m.decode_batch([int(np.argmax(lb)), int(np.argmax(la))])
         np.testing.assert_array_equal(got[::-1], want)
+
+
+@pytest.mark.parametrize(
+    ("arch", "kv_dtype"), [("llama", "f32"), ("qwen2", "int8"), ("gemma3", "f16")]
+)
+def test_a_short_row_beside_a_long_one_gets_the_logits_it_gets_alone(
+    synthetic_gguf,  # noqa: F811
+    tmp_path: Path,
+    arch: str,
+    kv_dtype: str,
+) -> None:
+    """Each step attends the cache slots its rows reach (a capacity variant), not the whole
+    capacity: a short row decoded alone (16 slots), in a batch beside a long row (128) and
+    beside a long prompt's chunk gives the same logits bit for bit, K/V in every dtype
+    (gemma3: its sliding layers on rings), and they agree with the numpy reference."""
+    path = synthetic_gguf(arch, "q4_k")
+    kw = {"cache_dir": tmp_path, "capacities": [16, 32, 64, 128], "kv_dtype": kv_dtype}
+    short, long = _prompt(200, 5, 1), _prompt(200, 90, 2)
+    with Model.load(path, **kw) as m:
+        alone = [m.prefill(short), m.decode(7), m.decode(8), m.decode(9)]
+    with Model.load(path, batch_max=2, **kw) as m:
+        m.prefill(short, row=0)
+        m.prefill(long[:60], row=1)
+        assert m.capacity == 64
+        got = [m.decode_batch([7, 3], first_row=0)[0], m.step_rows([[8], long[60:80]])[0]]
+        while not m.reserve(128):  # the cache at its largest, the short row's window 16
+            time.sleep(0.01)  # (its pages are faulted in off the step path first)
+        got.append(m.decode_batch([9], first_row=0)[0])
+        assert m.capacity == 128
+    for a, b in zip(alone[1:], got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    expect = ReferenceModel(path).logits([*short, 7, 8, 9])[len(short) :]
+    err = float(np.abs(np.stack(got) - expect).max()) / float(np.abs(expect).max())
+    assert err <= 4e-2, f"{arch}: logits differ from the reference by {err:.2e}"
+
+
+def test_a_step_reads_no_slot_past_its_rows_window(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811
+    """A decode of a 6-slot row while the cache is at 128 slots reads only its first 16: the
+    slots past them (garbage here: NaN) cannot reach its logits. (Reading the whole capacity,
+    masked, both costs the attention of every slot and turns NaN into the result.)"""
+    path = synthetic_gguf("llama", "q8_0")
+    kw = {"cache_dir": tmp_path, "capacities": [16, 32, 64, 128]}
+    prompt = _prompt(200, 5, 3)
+    with Model.load(path, **kw) as m:
+        want = [m.prefill(prompt), m.decode(7)]
+    with Model.load(path, batch_max=2, **kw) as m:
+        m.prefill(prompt, row=0)
+        while not m.reserve(128):
+            time.sleep(0.01)
+        assert m.capacity == 128
+        for layer in m._kv.k + m._kv.v:
+            layer[0, :, 16:] = np.nan
+        np.testing.assert_array_equal(m.decode_batch([7], first_row=0)[0], want[1])

@@ -25,9 +25,10 @@ DECODE_S = 0.040  # a decode step's fixed part (reading the weights)
 ROW_S = 0.002  # what each decode row adds
 TOKEN_S = 0.002  # what each prompt token adds to a mixed step's matmuls
 HEAD_S = 0.012  # a prompt row's one logits row (the vocabulary matmul), whatever its length
-ATTN_ROW_S = 0.004  # a row reading the cache's K/V, per 1,024 slots of capacity
+ATTN_ROW_S = 0.004  # a row reading the cache's K/V, per 1,024 slots of its step's window
 ATTN_Q_S = 0.0002  # each query row's scores over the cache, per 1,024 slots
-FIRST_RUN_S = 0.030  # what the first step at a capacity adds (ONNX Runtime grows its buffers)
+FIRST_RUN_S = 0.030  # the first step after the cache moved (ONNX Runtime sizes its buffers)
+FIRST_WINDOW_S = 0.005  # the first step at a window (a few more buffers)
 CAPACITIES = (512, 1024, 2048, 4096)
 PASTE = 1500
 
@@ -35,9 +36,10 @@ PASTE = 1500
 class CostModel:
     """The `Model` surface the scheduler uses, with step costs added to a shared clock.
 
-    Every row attends all of the capacity's slots (the cost grows with the capacity, as the
-    real graph's attention does), and in a mixed step the decode rows are padded to the chunk's
-    length for attention."""
+    Every row of a step attends the step's window, the slots its longest row reaches (a
+    capacity variant, at most the capacity: the cost grows with it, as the real graph's
+    attention does), and in a mixed step the decode rows are padded to the chunk's length for
+    attention."""
 
     mixes_steps = True
     batch_max = 4
@@ -49,11 +51,14 @@ class CostModel:
         self.lengths = [0] * self.batch_max
         self.mixed_steps: list[int] = []  # prompt tokens of each mixed step
         self.mixed_capacity: list[int] = []  # the capacity each mixed step ran at
+        self.mixed_window: list[int] = []  # and the window it attended
+        self.decode_windows: list[int] = []  # the window of each plain decode step
         self.mixed_cost: list[float] = []  # and what it cost
         self.slow_mixed_step = slow_mixed_step
         self.reserved: list[int] = []  # every `reserve` call's slots
         self.held = 0
-        self.ran_at: set[int] = set()  # capacities a step ran at
+        self.ran_at: set[int] = set()  # windows a step ran at
+        self.ran_capacity = 0
         self.unready = 3
 
     @property
@@ -70,15 +75,22 @@ class CostModel:
         self.held = slots
         return True
 
-    def _attention(self, rows: int, queries: int, capacity: int) -> float:
-        return capacity / 1024 * (rows * ATTN_ROW_S + rows * queries * ATTN_Q_S)
+    def window(self, slots: int) -> int:
+        return next((c for c in CAPACITIES if slots <= c <= self.capacity), self.capacity)
 
-    def _first_run(self) -> float:
-        """The first step at a capacity also grows ONNX Runtime's buffers for its shapes."""
-        if self.capacity in self.ran_at:
-            return 0.0
-        self.ran_at.add(self.capacity)
-        return FIRST_RUN_S
+    @staticmethod
+    def _attention(rows: int, queries: int, window: int) -> float:
+        return window / 1024 * (rows * ATTN_ROW_S + rows * queries * ATTN_Q_S)
+
+    def _first_run(self, window: int) -> float:
+        """The first step over a moved cache, or at a window, also grows ONNX Runtime's
+        buffers for its shapes."""
+        cost = 0.0 if window in self.ran_at else FIRST_WINDOW_S
+        if self.capacity != self.ran_capacity:
+            cost = FIRST_RUN_S
+        self.ran_at.add(window)
+        self.ran_capacity = self.capacity
+        return cost
 
     def clock(self) -> float:
         return time.perf_counter() + self.extra
@@ -90,37 +102,41 @@ class CostModel:
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
 
     def decode_batch(self, tokens: list[int], first_row: int = 0) -> np.ndarray:
-        for r in range(first_row, first_row + len(tokens)):
+        rows = range(first_row, first_row + len(tokens))
+        w = self.window(max(self.lengths[r] for r in rows) + 1)
+        for r in rows:
             self.lengths[r] += 1
         b = len(tokens)
-        self.extra += DECODE_S + ROW_S * b + self._attention(b, 1, self.capacity)
-        self.extra += self._first_run()
+        self.extra += DECODE_S + ROW_S * b + self._attention(b, 1, w) + self._first_run(w)
+        self.decode_windows.append(w)
         return np.zeros((len(tokens), 8), np.float32)
 
     def step_rows(self, ids: list[list[int]], first_row: int = 0) -> np.ndarray:
+        chunk = max(len(r) for r in ids)
+        w = self.window(max(self.lengths[first_row + j] for j in range(len(ids))) + chunk)
         for j, r in enumerate(ids):
             self.lengths[first_row + j] += len(r)
-        decodes = [r for r in ids if len(r) == 1]
-        chunk = max(len(r) for r in ids)
-        cost = DECODE_S + ROW_S * len(decodes) + TOKEN_S * chunk + HEAD_S
-        cost += self._attention(len(ids), chunk, self.capacity)
-        cost += self._first_run()
+        cost = mixed_cost(chunk, w, len(ids) - 1) + self._first_run(w)  # one row a chunk
         if len(self.mixed_steps) == self.slow_mixed_step:
             cost *= 10  # a burst of other work on the machine
         self.extra += cost
         self.mixed_steps.append(chunk)
         self.mixed_capacity.append(self.capacity)
+        self.mixed_window.append(w)
         self.mixed_cost.append(cost)
         return np.zeros((len(ids), 8), np.float32)
 
     def prefill(self, ids: list[int], row: int = 0, run_options: object = None) -> np.ndarray:
+        w = self.window(self.lengths[row] + len(ids))
         self.lengths[row] += len(ids)
-        self.extra += self.prefill_cost(len(ids), self.capacity)
+        self.extra += DECODE_S + TOKEN_S * len(ids) + HEAD_S + w / 1024 * len(ids) * ATTN_Q_S
         return np.zeros(8, np.float32)
 
-    @staticmethod
-    def prefill_cost(tokens: int, capacity: int) -> float:
-        return DECODE_S + TOKEN_S * tokens + HEAD_S + capacity / 1024 * tokens * ATTN_Q_S
+
+def mixed_cost(tokens: int, window: int, decodes: int = 1) -> float:
+    """A mixed step: the decode rows and a `tokens` chunk, every row attending `window`."""
+    cost = DECODE_S + ROW_S * decodes + TOKEN_S * tokens + HEAD_S
+    return cost + CostModel._attention(decodes + 1, tokens, window)
 
 
 class Slots:
@@ -171,20 +187,21 @@ def run_paste(model: CostModel) -> tuple[list[float], float, float]:
     return during, usual, end - start
 
 
+USUAL_S = DECODE_S + ROW_S + 512 / 1024 * (ATTN_ROW_S + ATTN_Q_S)  # the stream's own step
+
+
 def budget_seconds() -> float:
     """The paste read in mixed steps beside one stream, each chunk filling what `MIX_TARGET`
-    usual steps leave (at least one token), at the capacities the paste passes through: what
+    usual steps leave (at least one token), at the windows the paste passes through: what
     the chunk sizing should achieve, from the cost model's own figures."""
-    usual = DECODE_S + ROW_S + 512 / 1024 * (ATTN_ROW_S + ATTN_Q_S)
     done, total = 0, 0.0
     while done < PASTE:
-        c = next(c for c in CAPACITIES if c >= done + 24)
-        base = DECODE_S + ROW_S + c / 1024 * (ATTN_ROW_S + ATTN_Q_S)
-        fixed = HEAD_S + c / 1024 * ATTN_ROW_S
-        per_token = TOKEN_S + 2 * c / 1024 * ATTN_Q_S  # the chunk and the decode row padded
-        n = max(1, min(PASTE - done, int((MIX_TARGET * usual - base - fixed) / per_token)))
+        w = next(c for c in CAPACITIES if c >= done + 24)
+        per_token = mixed_cost(1, w) - mixed_cost(0, w)
+        fit = int((MIX_TARGET * USUAL_S - mixed_cost(0, w)) / per_token)
+        n = max(1, min(PASTE - done, fit))
         done += n
-        total += base + fixed + n * per_token
+        total += mixed_cost(n, w)
     return total
 
 
@@ -200,28 +217,29 @@ def test_a_paste_keeps_a_streams_gaps_within_twice_the_usual() -> None:
     assert len(asks) > model.unready  # the stream decoded while the room was not ready
 
 
-def test_the_cache_grows_with_the_prompt_not_to_its_end_at_once() -> None:
-    """Every row attends the whole capacity: while the prompt is short the streams' steps stay
-    at the small capacity (and cheap), instead of paying the final one from the first chunk."""
+def test_the_cache_moves_once_for_a_paste_and_the_steps_attend_what_their_rows_reach() -> None:
+    """The cache moves to what the whole prompt needs before its first chunk, while its rows
+    hold little to copy (each move copies the rows, at a step), and stays there; the steps pay
+    for the slots their rows reach, not for that capacity: the mixed steps' windows grow with
+    the prompt, the stream's own decode steps stay at the window of its length."""
     model = CostModel()
     run_paste(model)
-    assert max(model.mixed_capacity[:60]) == 512, model.mixed_capacity[:60]
-    assert model.mixed_capacity[-1] == 2048
-    # and only grows: a smaller chunk after a move does not take the cache back down
-    assert model.mixed_capacity == sorted(model.mixed_capacity)
+    assert set(model.mixed_capacity) == {2048}, sorted(set(model.mixed_capacity))
+    assert model.mixed_window[0] == 512 and model.mixed_window[-1] == 2048
+    assert model.mixed_window == sorted(model.mixed_window)
+    assert max(model.decode_windows) < 2048, sorted(set(model.decode_windows))
 
 
-def test_chunks_keep_to_the_streams_usual_step_time_at_a_larger_capacity() -> None:
-    """The budget is the streams' usual step (before the paste), not a step at the capacity the
-    paste moved the cache to: those cost more, and a budget taken from them would let the
-    stream slow down by more than `MIX_TARGET`. Only a one-token chunk may go past it."""
+def test_chunks_keep_to_the_streams_usual_step_time_at_a_larger_window() -> None:
+    """The budget is the streams' usual step (before the paste), not a step at the window the
+    paste has reached: those cost more, and a budget taken from them would let the stream
+    slow down by more than `MIX_TARGET`. Only a one-token chunk may go past it."""
     model = CostModel()
     run_paste(model)
-    usual = DECODE_S + ROW_S + 512 / 1024 * (ATTN_ROW_S + ATTN_Q_S)
     over = [
-        (n, c, round(t / usual, 2))
-        for n, c, t in zip(model.mixed_steps, model.mixed_capacity, model.mixed_cost, strict=True)
-        if n > 1 and t > 1.05 * MIX_TARGET * usual
+        (n, w, round(t / USUAL_S, 2))
+        for n, w, t in zip(model.mixed_steps, model.mixed_window, model.mixed_cost, strict=True)
+        if n > 1 and t > 1.05 * MIX_TARGET * USUAL_S
     ]
     assert not over, over[:10]
 
