@@ -231,8 +231,8 @@ class Model:
         return self._kv.lengths[row]
 
     def window(self, slots: int) -> int:  # slots a step reaching `slots` attends (`CpuSteps`)
-        kv = self._kv
-        return kv.capacity if self._npu else attention_window(kv.capacities, kv.capacity, slots)
+        kv, npu = self._kv, self._npu is not None
+        return kv.capacity if npu else attention_window(kv.capacities, kv.capacity, slots)
 
     @property
     def graph_builds(self) -> int:  # graph folders built by this load (0: the cache had them)
@@ -398,8 +398,6 @@ class Model:
         kv.lengths[row] = n + s
         return logits
 
-    def _rope(
-        self, pos: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    def _rope(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, Pair]:
         """Rotary (cos, sin) at positions `pos` (any shape), and the sliding layers' own."""
         return self._cos[pos], self._sin[pos], (self._cos_swa[pos], self._sin_swa[pos])

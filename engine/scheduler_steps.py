@@ -146,10 +146,10 @@ class BatchedSteps:
         self._contiguous(steps)
         order = sorted(steps, key=lambda s: s.seq.row)
         chunk = prefill.ids[prefill.offset : prefill.offset + n]
-        own, window = self._own_window(decodes), self._mixed_window(decodes, prefill, n)
+        window = self._mixed_window(decodes, prefill, n)
         t0 = self.clock()
         logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order])
-        self.costs.mixed(len(decodes), n, self.clock() - t0, own, window)
+        self.costs.mixed(len(decodes), n, self.clock() - t0, window)
         for j, step in enumerate(order):
             step.result = logits[j]
         prefill.offset += n

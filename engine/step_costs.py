@@ -10,13 +10,12 @@ decode step.
 Costs are kept per attention window (`kv_layout.attention_window`): a step attends the cache
 slots its rows reach, so the streams' own decode steps cost what their lengths need while a
 long prompt grows beside them, and a mixed step, whose rows all attend as far as the prompt has
-reached, costs more as the prompt grows. A mixed step's time is taken against the plain decode
-step of the same rows at their own window (what the step would have cost without the prompt),
-and the budget is `MIX_TARGET` of their usual step. What a mixed-in chunk adds is fitted as a
-line, `fixed + n * per_token`, per window: its row costs a part of its own whatever its length
-(its logits row through the vocabulary matmul, its attention and the decode rows' attention
-over the prompt's window), and a chunk sized as if that part were paid per token would stay at
-one token for the rest of a paste.
+reached, costs more as the prompt grows. A mixed step's time is fitted as a line, `fixed + n *
+per_token` over its n prompt tokens, per window, and the chunk is what keeps it within
+`MIX_TARGET` of the streams' usual step: the fixed part is the decode rows' own step plus what
+the prompt's row costs whatever its length (its logits row through the vocabulary matmul, its
+attention, the decode rows' attention over the prompt's window), and a chunk sized as if that
+part were paid per token would stay at one token for the rest of a paste.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ __all__ = ["MIX_TARGET", "REFRESH_EVERY", "StepCosts"]
 MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many usual steps
 REFRESH_EVERY = 12  # while mixing, one plain decode step in this many keeps its time current
 _FIRST_MIX = 4  # prompt tokens in a mixed step before anything is measured
+_LONG_CHUNK = 32  # a prefill chunk this long says what a prompt token itself costs
 _SAMPLES = 8  # mixed steps the line is fitted to, per (decode rows, window)
 
 Key = tuple[int, int]  # (decode rows, attention window)
@@ -47,7 +47,8 @@ class StepCosts:
         self.last: Key | None = None  # the latest decode step's key
         self.decodes_at: dict[Key, int] = {}  # decode steps measured per key
         self.t_token: float | None = None  # seconds per token of a prefill chunk of its own
-        self.samples: dict[Key, deque[tuple[int, float]]] = {}  # mixed: (tokens, added seconds)
+        self.t_long: float | None = None  # the same, of chunks of `_LONG_CHUNK` tokens or more
+        self.samples: dict[Key, deque[tuple[int, float]]] = {}  # mixed: (tokens, seconds)
         self.mixed_run = 0  # mixed steps since the last plain decode step
         self.mix_last = _FIRST_MIX  # prompt tokens in the last mixed step
 
@@ -71,18 +72,16 @@ class StepCosts:
     def prefilled(self, tokens: int, seconds: float) -> None:
         if tokens >= 2:
             self.t_token = ema(self.t_token, seconds / tokens, 0.3)
+        if tokens >= _LONG_CHUNK:  # mostly the tokens' own cost, the weights' read spread thin
+            self.t_long = ema(self.t_long, seconds / tokens, 0.3)
 
-    def mixed(self, decodes: int, tokens: int, seconds: float, own: int, window: int) -> None:
-        """Learn what `tokens` prompt tokens add, in a step attending `window` slots, to a
-        decode step of `decodes` rows at their `own` window (`_line`); the decode time itself
-        stays current through the plain steps `needs_refresh` asks for."""
+    def mixed(self, decodes: int, tokens: int, seconds: float, window: int) -> None:
+        """Learn what a mixed step of `decodes` decode rows and `tokens` prompt tokens,
+        attending `window` slots, costs (`_line`)."""
         self.mix_last = tokens
         self.mixed_run += 1
-        base = self._decode_time(decodes, own)
-        if base is None:
-            return
-        added = max(seconds - base, 0.0)
-        self.samples.setdefault((decodes, window), deque(maxlen=_SAMPLES)).append((tokens, added))
+        key = (decodes, window)
+        self.samples.setdefault(key, deque(maxlen=_SAMPLES)).append((tokens, seconds))
 
     def needs_refresh(self, decodes: int, own: int) -> bool:
         """Whether the next step should be a plain decode step of these rows (at their `own`
@@ -95,19 +94,22 @@ class StepCosts:
 
     def mix_tokens(self, decodes: int, own: int, window: int) -> int:
         """Prompt tokens a mixed step attending `window` slots, with `decodes` decode rows
-        whose `own` window is smaller, can carry: what fits between those rows' decode time
-        and `MIX_TARGET` usual steps, growing at most twofold a step (no overshoot on a first,
-        lucky measurement). At a window not mixed at yet it starts again from one token."""
-        base = self._decode_time(decodes, own)
+        (whose own decode steps attend `own`), can carry: as many as the step's fitted time
+        keeps within `MIX_TARGET` of their usual step, growing at most twofold a step (no
+        overshoot on a first, lucky measurement), at least one. At a window not mixed at yet
+        it starts again from one token."""
+        usual = self.usual.get(decodes, self._decode_time(decodes, own))
         line = self._line(decodes, window)
-        if base is None or line is None:
+        if usual is None or line is None:
             return _FIRST_MIX if not self.samples else 1
         fixed, per_token = line
-        budget = MIX_TARGET * self.usual.get(decodes, base)
-        fit = (budget - base - fixed) / max(per_token, 1e-9)
+        if self.t_long:  # a prompt token costs at least about half what it does in a chunk
+            per_token = max(per_token, 0.5 * self.t_long)
+        budget = MIX_TARGET * usual
+        fit = (budget - fixed) / per_token
         samples = self.samples[(decodes, window)]
         seen = {n for n, _ in samples}
-        if len(seen) == 1 and base + max(t for _, t in samples) < budget:
+        if len(seen) == 1 and max(t for _, t in samples) < budget:
             fit = max(fit, next(iter(seen)) + 1)  # one size seen, under budget: try one more
         return int(max(1, min(self.prefill_chunk, fit, 2 * self.mix_last)))
 
@@ -125,11 +127,13 @@ class StepCosts:
         return self.t_rows.get((decodes, window), min(known)[1] if known else None)
 
     def _line(self, decodes: int, window: int) -> tuple[float, float] | None:
-        """(fixed, per token) seconds a mixed-in chunk adds, fitted to the recent mixed steps
-        at this shape: the median of the slopes between pairs of steps of different sizes
-        (Theil-Sen: one slow step among them, a busy moment, barely moves it), or the median
-        cost per token while a single size has been seen (a per-token cost that includes the
-        fixed part: higher, so chunks err small)."""
+        """(fixed, per token) seconds of the recent mixed steps at this shape, `fixed + n *
+        per_token`: the median of the slopes between pairs of steps of different sizes
+        (Theil-Sen: one slow step among them, a busy moment, barely moves it), or, while a
+        single size has been seen (or the slopes say nothing), the median time per token (its
+        line through zero: dearer for larger chunks than the true one, so chunks err small).
+        The whole step's time is fitted, not what it adds to a decode step: a difference of
+        two noisy times let a loaded machine's slow decode step make the prompt look free."""
         samples = self.samples.get((decodes, window))
         if not samples:
             return None
