@@ -215,7 +215,7 @@ def _profile(model: Any, threads: int | None, pad: int) -> dict[str, float]:
     sess = ort.InferenceSession(str(model.graph_dir / "decoder.onnx"), so)
     io = sess.io_binding()
     values = {}
-    dims = {"B": 1, "S": 1, "BS": 1, "N": 1, "C": 256, "W": 256, "R": 1, "P": pad}
+    dims = {"B": 1, "S": 1, "BS": 1, "N": 1, "C": 256, "A": 256, "W": 256, "R": 1, "P": pad}
     for i in sess.get_inputs():
         shape = [dims.get(d, d) if isinstance(d, str) else d for d in i.shape]
         arr = np.zeros(shape, np.int64 if "int64" in i.type else np.float32)

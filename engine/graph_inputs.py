@@ -163,10 +163,11 @@ def graph_io(
     total = dims.plus_seq(dims.capacity, "CS")
     w_total = dims.plus_seq(dims.ring_rows, "WS") if dims.ring else total
     every_slides = bool(cfg.swa_layers) and all(cfg.swa_layers)
+    attended = "A" if spec.attn_window else dims.capacity  # the slots a step reads (≤ C)
     if every_slides:
-        mask_cols = dims.ring_rows if inplace else w_total
+        mask_cols = (dims.ring_rows if dims.ring else attended) if inplace else w_total
     else:
-        mask_cols = dims.capacity if inplace else total
+        mask_cols = attended if inplace else total
     inputs = [
         _value_info("embeddings", [b, s, d]),
         _value_info("mask", [b, 1, s, mask_cols]),
@@ -175,7 +176,8 @@ def graph_io(
         _value_info("logit_rows", [dims.logit_rows], TensorProto.INT64),
     ]
     if cfg.mixed_windows:  # the sliding layers' mask (`layer_inputs`)
-        inputs.append(_value_info("mask_swa", [b, 1, s, dims.ring_rows if inplace else w_total]))
+        swa_cols = (dims.ring_rows if dims.ring else attended) if inplace else w_total
+        inputs.append(_value_info("mask_swa", [b, 1, s, swa_cols]))
     if cfg.local_rope:  # the sliding layers' rotary tables
         inputs += [_value_info(f"{t}_swa", [b, s, dh // 2]) for t in ("cos", "sin")]
     if inplace:
