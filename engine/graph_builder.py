@@ -91,7 +91,7 @@ from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_attention import attend_inplace, attend_split
 from .graph_inputs import GraphDims, GraphSpec, graph_io
-from .graph_ops import Graph, RowPad, linear
+from .graph_ops import Graph, RowPad, gated_mlp, linear
 from .graph_weights import WEIGHTS_FILE, Weights, llama_rope_permutation, write_weights
 from .kv_smoothing import graph_layout, k_smoothing
 from .layer_inputs import MASK_NEG, rope_tables
@@ -110,7 +110,7 @@ __all__ = [
 ]
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "14"
+BUILDER_VERSION = "15"
 OPSET = 23  # RotaryEmbedding
 
 
@@ -254,14 +254,7 @@ def make_graph(
             att = gr.op("Gather", [att, "token_rows"], axis=0)
         attn_out = post_norm(linear(gr, att, layer.out, level, pad), layer.post_attn_norm)
         n2, x = norm(x, layer.ffn_norm, attn_out)
-        gu = linear(gr, n2, layer.gate_up, level, pad, keep_pad=True)
-        gate, up = gr.op("Split", [gu, gr.ints([cfg.ffn_dim, cfg.ffn_dim])], n_out=2, axis=-1)
-        if cfg.activation == "gelu_tanh":
-            act = gr.op("Mul", [gr.op("Gelu", [gate], approximate="tanh"), up])
-        else:
-            act = gr.op("Mul", [gr.op("Mul", [gate, gr.op("Sigmoid", [gate])]), up])
-        if pad is not None and gu in pad.carrying:
-            pad.carrying.add(act)  # row-wise ops: the pad rows ride along
+        act = gated_mlp(gr, n2, layer.gate_up, cfg.ffn_dim, cfg.activation, level, pad)
         delta = post_norm(linear(gr, act, layer.down, level, pad), layer.post_ffn_norm)
 
     # Only the requested rows reach the final norm and the LM head.

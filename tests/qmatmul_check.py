@@ -54,18 +54,23 @@ def session(
     threads: int = 2,
     scale: float = 1.0,
     scaled_rows: int = 0,
+    bias: np.ndarray | None = None,
     **overrides: int,
 ) -> ort.InferenceSession:
     attrs = {"ggml_type": int(qtype), "N": raw.shape[0], "K": k, **overrides}
+    inputs, inits = ["x", "w"], [numpy_helper.from_array(raw, "w")]
+    if bias is not None:
+        inputs.append("bias")
+        inits.append(numpy_helper.from_array(bias.astype(np.float32), "bias"))
     node = helper.make_node(
-        "QMatMul", ["x", "w"], ["y"], domain=DOMAIN, scale=scale, scaled_rows=scaled_rows, **attrs
+        "QMatMul", inputs, ["y"], domain=DOMAIN, scale=scale, scaled_rows=scaled_rows, **attrs
     )
     graph = helper.make_graph(
         [node],
         "qmatmul",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],  # any rank
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(raw, "w")],
+        inits,
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
     model = helper.make_model(graph, opset_imports=opsets)

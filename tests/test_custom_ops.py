@@ -89,6 +89,27 @@ def test_leading_dimensions_and_the_scaled_rows() -> None:
     assert np.abs(y.reshape(6, N) - ref).max() / np.abs(ref).max() < TOLERANCE
 
 
+@pytest.mark.parametrize("name", ["q4_k", "q5_0"])
+def test_the_bias_and_the_fused_swiglu(name: str) -> None:
+    """The op adds the bias and, with glu, gives silu(gate) * up of its gate|up rows: the
+    numbers of the separate Add / Split / Sigmoid / Mul ops, a row alone as among others."""
+    qtype = ggml_type(name)
+    raw = blocks(weights(), qtype)
+    bias = np.random.default_rng(5).standard_normal(N).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((9, K)).astype(np.float32)
+    ref = reference(x, raw, qtype) + bias
+    y = session(raw, qtype, K, bias=bias).run(None, {"x": x})[0]
+    assert np.abs(y - ref).max() / np.abs(ref).max() < TOLERANCE
+    glu = session(raw, qtype, K, bias=bias, glu=1)
+    y = glu.run(None, {"x": x})[0]
+    gate, up = ref[:, : N // 2], ref[:, N // 2 :]
+    expected = gate / (1 + np.exp(-gate)) * up
+    assert y.shape == (9, N // 2)
+    assert np.abs(y - expected).max() / np.abs(expected).max() < TOLERANCE
+    for i in range(9):
+        assert np.array_equal(glu.run(None, {"x": x[i : i + 1]})[0][0], y[i])
+
+
 def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
     qtype = ggml_type("q8_0")
     raw = blocks(weights(), qtype)
@@ -99,6 +120,13 @@ def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
         session(raw, qtype, K, ggml_type=99)
     with pytest.raises(Exception, match="W must hold N rows"):
         session(raw[:, :-2].copy(), qtype, K).run(None, {"x": np.zeros((1, K), np.float32)})
+    with pytest.raises(Exception, match="bias must hold N = 80"):
+        short = np.zeros(N - 1, np.float32)
+        session(raw, qtype, K, bias=short).run(None, {"x": np.zeros((1, K), np.float32)})
+    with pytest.raises(Exception, match="glu needs an even N"):
+        session(raw[:-1].copy(), qtype, K, N=N - 1, glu=1)
+    with pytest.raises(Exception, match="glu must be 0 or 1"):
+        session(raw, qtype, K, glu=2)
 
 
 def test_the_build_is_reused_and_a_machine_without_tools_falls_back(

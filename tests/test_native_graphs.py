@@ -56,6 +56,7 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
     with Model.load(path, cache_dir=tmp_path, prefill_chunk=16, capacities=[64]) as m:
         ops = _ops(m)
         assert ops["QMatMul"] > 0 and ("avx2" in m.kernels or "scalar" in m.kernels)
+        assert ops["Sigmoid"] == 0  # gate|up share a block type: the op computes SwiGLU
         if case == "phi3-q5_0":
             assert ops["MatMulNBits"] == 0 and ops["MatMul"] >= 2  # the f16 down stays dense
         else:

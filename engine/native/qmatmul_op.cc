@@ -2,10 +2,12 @@
 // quantized blocks (one row of blocks per output feature), read in place.
 //
 //   inputs:  x float32 [..., K]; W uint8, N rows of K / block_elems blocks (any shape, N * row
-//            bytes in all)
+//            bytes in all); optional bias float32 [N], added to the product
 //   attrs:   ggml_type (the block type), N, K; scale, scaled_rows: outputs n < scaled_rows are
-//            multiplied by scale (a fused Q|K|V matmul folds attention's 1/sqrt(dh) into Q)
-//   output:  y float32 [..., N]
+//            multiplied by scale (a fused Q|K|V matmul folds attention's 1/sqrt(dh) into Q);
+//            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
+//            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces)
+//   output:  y float32 [..., N] (glu: [..., N / 2])
 //
 // Every output element is one call of the same dot-product kernel on that row of x and that row
 // of W, whatever the number of rows and however the work is split across threads, so a row's
@@ -15,6 +17,7 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -53,7 +56,14 @@ struct Job {
   float* y;
   float scale;
   int64_t scaled_rows;
+  const float* bias;  // nullptr: none
+  bool glu;
 };
+
+// silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
+inline float swiglu(float gate, float up) {
+  return gate * (1.0f / (1.0f + std::exp(-gate))) * up;
+}
 
 npq::DotRows kernel_for(const Kernels& k, int type) {
   switch (type) {
@@ -75,10 +85,11 @@ void run_tile(void* data, size_t t) {
   const Job& j = *static_cast<const Job*>(data);
   const npq::DotRows dot = kernel_for(*j.kern, j.type);
   const int nb = static_cast<int>(j.k / npq::block_elems(j.type));
+  const int64_t width = j.glu ? j.n / 2 : j.n;  // output features
   const int64_t n0 = static_cast<int64_t>(t) * j.tile;
-  const int64_t n1 = std::min(j.n, n0 + j.tile);
+  const int64_t n1 = std::min(width, n0 + j.tile);
   const uint8_t* rows[npq::MAX_ROWS];
-  float out[npq::MAX_ROWS];
+  float out[npq::MAX_ROWS], up[npq::MAX_ROWS];
   for (int64_t b0 = n0; b0 < n1; b0 += BLOCK_N) {
     const int64_t b1 = std::min(n1, b0 + BLOCK_N);
     for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
@@ -89,7 +100,17 @@ void run_tile(void* data, size_t t) {
       for (int64_t n = b0; n < b1; ++n) {
         const float s = n < j.scaled_rows ? j.scale : 1.0f;
         dot(j.w + static_cast<size_t>(n) * j.row_bytes, rows, count, nb, out);
-        for (int i = 0; i < count; ++i) j.y[(r0 + i) * j.n + n] = s * out[i];
+        const float bias = j.bias != nullptr ? j.bias[n] : 0.0f;
+        if (!j.glu) {
+          for (int i = 0; i < count; ++i) j.y[(r0 + i) * width + n] = s * out[i] + bias;
+          continue;
+        }
+        const int64_t nu = width + n;  // the up row paired with gate row n
+        dot(j.w + static_cast<size_t>(nu) * j.row_bytes, rows, count, nb, up);
+        const float bias_up = j.bias != nullptr ? j.bias[nu] : 0.0f;
+        for (int i = 0; i < count; ++i) {
+          j.y[(r0 + i) * width + n] = swiglu(s * out[i] + bias, up[i] + bias_up);
+        }
       }
     }
   }
@@ -130,6 +151,7 @@ struct QMatMulKernel {
   int type = 0;
   int64_t n = 0, k = 0, scaled_rows = 0;
   float scale = 1.0f;
+  bool glu = false;
   size_t row_bytes = 0;
 
   OrtStatusPtr init(const OrtKernelInfo* info) {
@@ -139,10 +161,21 @@ struct QMatMulKernel {
     k = ki.GetAttribute<int64_t>("K");
     scale = ki.GetAttribute<float>("scale");
     scaled_rows = ki.GetAttribute<int64_t>("scaled_rows");
+    int64_t glu_attr = 0;  // absent in graphs that do not fuse the MLP's activation
+    OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "glu", &glu_attr);
+    if (absent != nullptr) {
+      Ort::GetApi().ReleaseStatus(absent);
+      glu_attr = 0;
+    }
+    if (glu_attr != 0 && glu_attr != 1) return error(ORT_INVALID_ARGUMENT, "glu must be 0 or 1");
+    glu = glu_attr == 1;
     const int bytes = npq::block_bytes(type);
     if (bytes == 0) return error(ORT_INVALID_ARGUMENT, "unsupported ggml_type " + std::to_string(type));
     if (n <= 0 || k <= 0 || k % npq::block_elems(type) != 0) {
       return error(ORT_INVALID_ARGUMENT, "K must be a positive multiple of the block size");
+    }
+    if (glu && (n % 2 != 0 || scaled_rows != 0)) {
+      return error(ORT_INVALID_ARGUMENT, "glu needs an even N (gate rows, then up rows), no scale");
     }
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
     return nullptr;
@@ -169,9 +202,19 @@ struct QMatMulKernel {
     if (w.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n) * row_bytes) {
       return error(ORT_INVALID_ARGUMENT, "W must hold N rows of K/block blocks");
     }
+    const float* bias = nullptr;
+    if (ctx.GetInputCount() > 2) {
+      const Ort::ConstValue b = ctx.GetInput(2);
+      if (b != nullptr) {
+        if (b.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n)) {
+          return error(ORT_INVALID_ARGUMENT, "bias must hold N = " + std::to_string(n) + " values");
+        }
+        bias = b.GetTensorData<float>();
+      }
+    }
     int64_t m = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-    shape.back() = n;
+    shape.back() = glu ? n / 2 : n;
     Ort::UnownedValue y = ctx.GetOutput(0, shape);
     if (m == 0) return nullptr;
 
@@ -190,10 +233,13 @@ struct QMatMulKernel {
     }
     // About 32 KiB of weights per task: enough work to hide the hand-off, small enough that two
     // threads share a 1,536-row matrix evenly.
-    const int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes));
-    Job job{&kern, type, m, n, k, tile, w.GetTensorData<uint8_t>(), row_bytes, act.data(),
-            act_row, y.GetTensorMutableData<float>(), scale, scaled_rows};
-    const size_t tiles = static_cast<size_t>((n + tile - 1) / tile);
+    const int64_t rows_per_output = glu ? 2 : 1;
+    const int64_t tile =
+        std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
+    Job job{&kern,    type,    m,     n, k, tile, w.GetTensorData<uint8_t>(), row_bytes,
+            act.data(), act_row, y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu};
+    const int64_t width = glu ? n / 2 : n;  // a glu task reads two weight rows per output
+    const size_t tiles = static_cast<size_t>((width + tile - 1) / tile);
     ctx.ParallelFor(run_tile, tiles, 0, &job);
     return nullptr;
   }
@@ -217,9 +263,12 @@ struct QMatMulOp : Ort::CustomOpBase<QMatMulOp, QMatMulKernel, true> {
   }
   const char* GetName() const { return "QMatMul"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 2; }
+  size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
