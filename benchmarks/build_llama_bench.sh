@@ -3,13 +3,31 @@
 # on a machine that reaches PyPI but not GitHub: the llama-cpp-python sdist carries llama.cpp's
 # whole source tree. Prints the binary's path (built once into ~/.cache/npuchat-bench). Needs
 # cmake and a C++ compiler; about 8 minutes on 2 cores. Usage: build_llama_bench.sh [VERSION]
+# [--server]. With --server it also builds llama-server (for benchmarks/chat_race.py; about 10
+# minutes more, without the web UI) and prints that binary's path instead.
 # The sdist's Python bindings are kept beside the build ($dest/python-llama_cpp).
 set -euo pipefail
-version="${1:-0.3.36}"
+server=OFF
+positional=()
+for arg in "$@"; do
+    if [ "$arg" = --server ]; then server=ON; else positional+=("$arg"); fi
+done
+version="${positional[0]:-0.3.36}"
 dest="${NPUCHAT_LLAMA_DIR:-$HOME/.cache/npuchat-bench/llama.cpp-$version}"
 bin="$dest/build/bin/llama-bench"
+server_bin="$dest/build/bin/llama-server"
+# The server's web UI would be built with npm or downloaded from Hugging Face: neither is needed.
+server_flags=(-DLLAMA_BUILD_SERVER="$server" -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF)
 if [ -x "$bin" ] && [ -d "$dest/python-llama_cpp" ]; then
-    echo "$bin"
+    if [ "$server" = OFF ]; then
+        echo "$bin"
+        exit 0
+    fi
+    if [ ! -x "$server_bin" ]; then  # add the server to the existing build
+        cmake -S "$dest" -B "$dest/build" "${server_flags[@]}" >&2
+        cmake --build "$dest/build" --target llama-server -j "$(nproc)" >&2
+    fi
+    echo "$server_bin"
     exit 0
 fi
 work="$(mktemp -d)"
@@ -38,7 +56,9 @@ fi
 cmake -S "$dest" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release "${cpu_flags[@]}" \
     -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >&2
-cmake --build "$dest/build" --target llama-bench llama -j "$(nproc)" >&2
+    "${server_flags[@]}" -DLLAMA_BUILD_TOOLS=ON >&2
+targets=(llama-bench llama)
+if [ "$server" = ON ]; then targets+=(llama-server); fi
+cmake --build "$dest/build" --target "${targets[@]}" -j "$(nproc)" >&2
 mv "$work/llama_cpp_python-$version/llama_cpp" "$dest/python-llama_cpp"
-echo "$bin"
+if [ "$server" = ON ]; then echo "$server_bin"; else echo "$bin"; fi
