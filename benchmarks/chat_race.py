@@ -122,15 +122,16 @@ def npuchat_side(name: str, models_dir: Path, threads: int, tokens: int) -> dict
     for conv, turn in ORDER:
         msgs = tuple(ChatMessage(r, text) for r, text in _history(conv, turn, replies))  # type: ignore[arg-type]
         request = ChatRequest(f"c{conv}", SYSTEM_PROMPT, msgs, sampling)
-        start, first, text, note = time.perf_counter(), 0.0, [], ""
+        start, first, text, note, n = time.perf_counter(), 0.0, [], "", 0
         for event in engine.generate(request, threading.Event()):
-            if isinstance(event, TokenDelta) and event.text:
-                first = first or time.perf_counter()
-                text.append(event.text)
+            if isinstance(event, TokenDelta):
+                n += len(event.ids)
+                if event.text:
+                    first = first or time.perf_counter()
+                    text.append(event.text)
             elif isinstance(event, Finished):
                 m = event.metrics
                 note = f"reused {m.reused_tokens}, drafted {m.drafted}/accepted {m.accepted}"
-                n = m.decode_tokens
             elif isinstance(event, Failed):
                 sys.exit(f"npuchat failed at conversation {conv} turn {turn}: {event.message}")
         end = time.perf_counter()
