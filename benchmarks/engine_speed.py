@@ -11,7 +11,8 @@ overhead per decode step (wall time of `Model.decode` minus ONNX Runtime's run).
 the time of the model's matmuls alone (the floor ONNX Runtime's kernels put under a step); with
 `--kernels on,off`, each model with the native kernels and without (`NPUCHAT_KERNELS`). With
 `--llama-bench` it runs llama.cpp's `llama-bench -p 512 -n 128` on the same file and thread count
-and prints the ratios side by side; `benchmarks/build_llama_bench.sh` builds one from PyPI.
+and prints the ratios side by side (`--llama-cpu`: also by process CPU time per token, the ratio
+that holds on a loaded machine); `benchmarks/build_llama_bench.sh` builds one from PyPI.
 
 A script that prints figures, not a test: nothing here asserts.
 """
@@ -268,14 +269,17 @@ def _phase(
     return json.loads(lines[-1])
 
 
-def _llama_bench(binary: str, model: Path, threads: int) -> dict[str, float]:
-    """llama.cpp's pp512 and tg128 on the same file and threads (what `npuchat bench` runs)."""
-    from npuchat.engine.llama_bench import run_llama_bench
+def _llama_bench(args: argparse.Namespace, model: Path) -> dict[str, float]:
+    """llama.cpp's pp512 and tg128 on the same file and threads (what `npuchat bench` runs);
+    `--llama-cpu`: also its process CPU time per token (`llama_bench.llama_cpu_ms`)."""
+    from npuchat.engine.llama_bench import llama_cpu_ms, run_llama_bench
 
-    figures = run_llama_bench(binary, model, threads, [512], 128, [], 5)
+    figures = run_llama_bench(args.llama_bench, model, args.threads, [512], 128, [], 5)
     for note in figures.notes:
         print(f"llama-bench: {note}", file=sys.stderr)
     out = {}
+    if args.llama_cpu:
+        out.update(llama_cpu_ms(args.llama_bench, model, args.threads, 512, 128, 3))
     if "512" in figures.prefill:
         out["pp512"] = figures.prefill["512"].tps
     if "0" in figures.decode:
@@ -288,6 +292,7 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bench", metavar="PATH")
+    ap.add_argument("--llama-cpu", action="store_true", help="ratios by CPU time per token too")
     ap.add_argument("--profile", action="store_true", help="per-op time of one decode step")
     ap.add_argument(
         "--no-row-padding",
@@ -336,7 +341,7 @@ def main() -> None:
         }
         if args.llama_bench:
             if path not in llama_runs:  # once per model, beside every kernel mode
-                llama_runs[path] = _llama_bench(args.llama_bench, path, args.threads)
+                llama_runs[path] = _llama_bench(args, path)
             row["llama"] = llama_runs[path]
         if args.json:
             print(json.dumps(row))
@@ -348,14 +353,19 @@ def main() -> None:
         )
         llama = row.get("llama", {})
 
-        def vs(value: float, key: str, llama: dict[str, float] = llama) -> str:
+        def vs(value: float, key: str, cpu_ms: float, llama: dict[str, float] = llama) -> str:
             if key not in llama:
                 return ""
-            return f"  ({value / llama[key]:.2f}x llama.cpp {llama[key]:.1f})"
+            text = f"  ({value / llama[key]:.2f}x llama.cpp {llama[key]:.1f}"
+            if f"{key}_cpu_ms" in llama:  # speed by CPU time: theirs / ours per token
+                theirs = llama[f"{key}_cpu_ms"]
+                text += f"; by CPU {theirs / cpu_ms:.2f}x of its {theirs:.1f} ms/token"
+            return text + ")"
 
         print(
             f"  prefill 512 tokens: {run['prefill512_tps']:.1f} tok/s "
-            f"(CPU {run['prefill512_cpu_ms']:.1f} ms/token)" + vs(run["prefill512_tps"], "pp512")
+            f"(CPU {run['prefill512_cpu_ms']:.1f} ms/token)"
+            + vs(run["prefill512_tps"], "pp512", run["prefill512_cpu_ms"])
         )
         for ctx in (128, 1024):
             print(
@@ -363,7 +373,11 @@ def main() -> None:
                 f"(CPU {run[f'decode{ctx}_cpu_ms']:.1f} ms/token, "
                 f"capacity {run[f'decode{ctx}_capacity']}, Python "
                 f"{run[f'decode{ctx}_python_ms']:.2f} ms/step)"
-                + (vs(run[f"decode{ctx}_tps"], "tg128") if ctx == 128 else "")
+                + (
+                    vs(run[f"decode{ctx}_tps"], "tg128", run[f"decode{ctx}_cpu_ms"])
+                    if ctx == 128
+                    else ""
+                )
             )
         print(
             f"  peak RSS {run['peak_rss_mib']:.0f} MiB (steady {run['rss_mib']:.0f}); target "

@@ -4,6 +4,7 @@ its tok/s next to ours (`ratio` = ours / llama.cpp's) on each matching prefill a
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +57,41 @@ def run_llama_bench(
             elif row.get("n_gen") and not row.get("n_prompt"):
                 out.decode[str(int(row.get("n_depth", 0)))] = tps
     return out
+
+
+def _children_cpu_s() -> float:
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def llama_cpu_ms(
+    binary: str | Path, gguf: Path, threads: int, prompt: int, gen: int, repeats: int
+) -> dict[str, float]:
+    """llama.cpp's process CPU time per token (ms) of a `prompt`-token prefill and a `gen`-token
+    decode (`pp{prompt}_cpu_ms`, `tg{gen}_cpu_ms`): on a loaded machine the figure to set beside
+    ours, where wall-time tok/s measures the load. Each test runs alone without warm-up; a
+    one-token run first gives the CPU of loading the model, which is subtracted."""
+    base = [str(binary), "-m", str(gguf), "-t", str(threads), "--no-warmup", "-o", "json"]
+
+    def cpu(*extra: str) -> float:
+        start = _children_cpu_s()
+        try:
+            res = subprocess.run([*base, *extra], capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise NpuchatError(f"--llama-bench {binary}: cannot run it ({exc})") from exc
+        if res.returncode:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise NpuchatError(f"llama-bench {' '.join(extra)} failed: {tail[0]}")
+        return _children_cpu_s() - start
+
+    load = cpu("-p", "0", "-n", "1", "-r", "1")
+    r = str(repeats)
+    pp = cpu("-p", str(prompt), "-n", "0", "-r", r) - load
+    tg = cpu("-p", "0", "-n", str(gen), "-r", r) - load
+    return {
+        f"pp{prompt}_cpu_ms": pp / (repeats * prompt) * 1e3,
+        f"tg{gen}_cpu_ms": tg / (repeats * gen) * 1e3,
+    }
 
 
 def add_llama_ratios(report: BenchReport, llama: LlamaBenchFigures) -> None:
