@@ -14,7 +14,9 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 * the longest gap between two tokens of a streaming reply while another conversation prefills a
   ~2,000-token prompt (`--paste-tokens`), against that stream's median gap before the prefill
   started; the same from the per-step trace in process CPU time (a busy machine stretches wall
-  time, not that); and how long the prompt took against the same prompt alone;
+  time, not that), also each mixed step against the stream's plain decode steps nearest it (the
+  stream grows by a token a step meanwhile, and its own steps with it); and how long the prompt
+  took against the same prompt alone;
 * TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
   against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
   prefix store and back); and that turn again after a restart (its KV read back from disk);
@@ -282,6 +284,20 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
         out["step_cpu_usual_s"] = statistics.median(usual)
         out["step_cpu_max_x"] = cpu[-1] / out["step_cpu_usual_s"]
         out["step_cpu_p99_x"] = cpu[int(0.99 * (len(cpu) - 1))] / out["step_cpu_usual_s"]
+    # the stream grows by a token a step while the prompt is read (its own steps get dearer
+    # with its length): each mixed step against the plain decode steps nearest it in time
+    during_steps = [r for t, r in steps.steps if t_long < t <= t_done]
+    plain = [(i, r.cpu_s) for i, r in enumerate(during_steps) if r.kind == "decode"]
+    own = []
+    for i, r in enumerate(during_steps):
+        near = sorted(plain, key=lambda p: abs(p[0] - i))[:9]
+        if r.kind == "mixed" and near:
+            own.append(r.cpu_s / statistics.median(c for _, c in near))
+    if own:
+        own.sort()
+        out["step_cpu_x_own_median"] = statistics.median(own)
+        out["step_cpu_x_own_p99"] = own[int(0.99 * (len(own) - 1))]
+        out["step_cpu_x_own_max"] = own[-1]
 
 
 def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:

@@ -4,7 +4,7 @@ process CPU time, beside the stream's own decode step: where a paste's time goes
     python benchmarks/mixed_steps.py [--model qwen2.5-coder-0.5b] [--threads 1]
                                      [--stream 300] [--pastes 0,1000,2000,3000]
                                      [--tokens 1,2,4] [--rounds 7] [--profile]
-                                     [--cache-dir DIR]
+                                     [--kv-dtype f32|f16|int8] [--cache-dir DIR]
 
 One model with 2 KV slots: row 1 holds a stream of `--stream` tokens, row 0 a prompt read up to
 each of `--pastes` tokens (the rows' K/V are whatever the cache holds: attention costs the same
@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "int8"])
     ap.add_argument("--cache-dir", type=Path, help="graph cache (default: a fresh one)")
     args = ap.parse_args()
     pastes = [int(p) for p in args.pastes.split(",")]
@@ -121,10 +122,18 @@ def main() -> None:
     caps = [c for c in default_capacities(CAPACITY) if c <= CAPACITY]
     with tempfile.TemporaryDirectory() as fresh:
         cache = args.cache_dir or Path(fresh)
-        m = Model.load(path, cache_dir=cache, threads=args.threads, batch_max=2, capacities=caps)
+        m = Model.load(
+            path,
+            cache_dir=cache,
+            threads=args.threads,
+            batch_max=2,
+            capacities=caps,
+            kv_dtype=args.kv_dtype,
+        )
         while not m.reserve(CAPACITY):  # the capacity a long prompt moves the cache to
             time.sleep(0.05)
-        print(f"{args.model}, {args.threads} thread(s), stream of {args.stream} tokens, ")
+        print(f"{args.model}, {args.threads} thread(s), {args.kv_dtype} K/V,", end=" ")
+        print(f"stream of {args.stream} tokens,")
         print(f"cache at {m.capacity} slots, {m.kernels}; process CPU ms, median of {args.rounds}")
         if args.profile:  # the attention window on (what the engine runs)
             print(f"ONNX Runtime per op type, prompt of {pastes[-1]} tokens:")
