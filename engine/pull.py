@@ -176,7 +176,7 @@ def pull(
     if entry.path is not None:
         return catalog.resolve(name), False  # imported: nothing to fetch
     if not force and catalog.installed(entry) is not None:
-        return catalog.file_path(entry), False
+        return catalog.resolve(name), False  # its bytes checked against the pulled sha256
     models_dir = catalog.paths.models_dir
     models_dir.mkdir(parents=True, exist_ok=True)
     if entry.parts:

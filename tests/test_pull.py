@@ -157,6 +157,10 @@ def test_a_pulled_file_rewritten_with_its_mtime_set_back_is_refused(
     err = capsys.readouterr().err
     assert "changed since it was pulled" in err and "--force" in err
     assert "Traceback" not in err and err.count("\n") == 1
+    # the app's own path (pull, then load) refuses it the same way
+    assert main(["run", "--model", "tiny", "-p", "hello", "-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "changed since it was pulled" in err and "Traceback" not in err
 
 
 def test_rm_removes_pulled_model(
