@@ -6,8 +6,8 @@ moves the fill level back, `kv_export`/`kv_import` move rows for the prefix stor
 holds `batch_max` sequences (KV slots; each call takes its `row`); `decode_batch` and
 `step_rows` run a contiguous range of rows in one step.
 
-On the CPU one graph with symbolic S and C serves every step at every capacity (one session:
-the weights are prepacked once); `cpu_steps` binds the cache to it with no copy.
+On the CPU one graph with symbolic S and C serves every step at every capacity, one session
+(`cpu_graph`); `cpu_steps` binds the cache to it with no copy.
 
 Decode, verify, batched and mixed steps give a row the same logits bit for bit (exact
 speculation, batching that changes nothing): the `graph_ops` module doc says how.
@@ -23,20 +23,18 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from .cpu_graph import open_cpu_graph
 from .cpu_steps import CpuSteps
-from .custom_ops import kernels_for
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
 from .kv_layout import attention_window, check_kv_dtype, default_capacities
 from .kvcache import KVCache, KVSnapshot
 from .layer_inputs import rope_tables
 from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
 from .npu_graphs import NpuGraphs
-from .process_memory import releasing_file_pages
 from .row_inputs import left_padded
-from .runtime import GraphCache, cache_key, create_session, model_sha256, providers_for
+from .runtime import GraphCache, model_sha256, providers_for
 from .token_embeddings import TokenEmbeddings
 
 __all__ = ["KVSnapshot", "Model", "ModelConfig", "default_capacities"]
@@ -163,28 +161,20 @@ class Model:
             self.graph_dir = self._npu.folder
             self.load_seconds = time.perf_counter() - t0
         else:
-            kernels = kernels_for(accuracy_level)
-            self.kernels = kernels.describe()
-            ring = any(cfg.swa_layers)
-            specs = {"decoder": GraphSpec.cpu(accuracy_level, kv_dtype, ring, kernels.available)}
-            key = cache_key(self.sha256, spec_digest(specs), BUILDER_VERSION, device, {})
             self._graph_cache = GraphCache(cache_dir)
             t0 = time.perf_counter()
-
-            def build(folder: Path) -> None:
-                build_graphs(self.path, specs, folder, lambda f: report("building graphs", f))
-
-            def open_session(folder: Path) -> ort.InferenceSession:
-                report("loading graphs", 0.0)
-                graph, gguf = folder / "decoder.onnx", self.path  # its blocks are read in place
-                with releasing_file_pages(folder / WEIGHTS_FILE) as released:
-                    session = create_session(graph, device, threads, kernels.path, gguf)
-                self.released_bytes = released[0]
-                return session
-
-            self.graph_dir, session = self._graph_cache.load(
-                key, build, open_session, {"model": self.path.name, "sha256": self.sha256}
+            opened = open_cpu_graph(
+                self.path,
+                cfg,
+                self.sha256,
+                self._graph_cache,
+                accuracy_level=accuracy_level,
+                kv_dtype=kv_dtype,
+                threads=threads,
+                report=report,
             )
+            self.graph_dir, session = opened.folder, opened.session
+            self.kernels, self.released_bytes = opened.kernels, opened.released_bytes
             self._session = session
             self.load_seconds = time.perf_counter() - t0
         if self._session is not None:

@@ -130,7 +130,7 @@ def test_an_upgrade_removes_only_the_graphs_it_supersedes(
     for m in (old, exact, other):
         m.close()
     monkeypatch.setattr(runtime, "BUILDER_VERSION", "next")
-    monkeypatch.setattr("npuchat.engine.model.BUILDER_VERSION", "next")
+    monkeypatch.setattr("npuchat.engine.cpu_graph.BUILDER_VERSION", "next")
     new = _load(gguf, tmp_path)
     assert new.graph_builds == 1 and new.graph_dir != old.graph_dir
     assert set((tmp_path / "graphs").iterdir()) == {other.graph_dir, new.graph_dir}
