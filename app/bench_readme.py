@@ -23,11 +23,12 @@ def _speed(row: PrefillRow | DecodeRow | None) -> str:
 def _intro(first: BenchReport) -> list[str]:
     mach, model = first.machine, first.model
     load = mach.load_average_1m
+    flags = "; " + " ".join(mach.cpu_flags) if mach.cpu_flags else ""
     return [
         "## Performance",
         "",
         f"Measured by `npuchat bench --suite {first.suite} --json` on {first.date[:10]}: "
-        f"{mach.cpu} ({mach.cores} cores), {mach.os}, onnxruntime "
+        f"{mach.cpu} ({mach.cores} cores{flags}), {mach.os}, onnxruntime "
         f"{mach.onnxruntime}, {model.threads} threads, device {model.device}"
         + (f", load average {load:.1f} at the start" if load is not None else "")
         + f". Medians of {first.repeats} runs after a warm-up; rerun the command to check "

@@ -37,8 +37,9 @@ def header(report: BenchReport) -> Text:
         f"median (min–max) of {report.repeats} runs after a warm-up\n"
     )
     load = mach.load_average_1m
+    flags = "; " + " ".join(mach.cpu_flags) if mach.cpu_flags else ""
     text.append(
-        f"{mach.cpu} ({mach.cores} cores) · {mach.os} · onnxruntime "
+        f"{mach.cpu} ({mach.cores} cores{flags}) · {mach.os} · onnxruntime "
         f"{mach.onnxruntime} · {report.date}"
         + (f" · load average {load:.2f} at start" if load is not None else ""),
         style="dim",

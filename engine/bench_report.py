@@ -49,6 +49,7 @@ class Machine:
     onnxruntime: str
     npuchat: str
     load_average_1m: float | None
+    cpu_flags: list[str] = field(default_factory=list)  # the SIMD sets the kernels may use
 
 
 @dataclass
@@ -173,6 +174,7 @@ class SpeculationFigures:
 class LlamaFigure:
     tps: float
     stddev: float
+    samples: list[float] = field(default_factory=list)  # tok/s of each `-r` repetition
 
 
 @dataclass

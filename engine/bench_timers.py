@@ -42,16 +42,39 @@ def peak_rss_bytes() -> int | None:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB
 
 
+# The instruction sets that decide which kernels run, ours and llama.cpp's (/proc/cpuinfo names).
+SIMD_FLAGS = (
+    "sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+    "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "asimd", "asimddp", "i8mm", "sve",
+)  # fmt: skip
+
+
+def cpu_model_and_flags(cpuinfo: str) -> tuple[str | None, list[str]]:
+    """The first CPU's model name and its SIMD flags (in `SIMD_FLAGS` order) from /proc/cpuinfo
+    text: two machines with the same core count can run different kernels (AVX2 or AVX-512)."""
+    name: str | None = None
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and name is None:
+            name = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return name, [f for f in SIMD_FLAGS if f in flags]
+
+
 def machine_info() -> Machine:
-    """What a reader needs to judge the figures: CPU, cores, OS, versions, load at the start."""
+    """What a reader needs to judge the figures: CPU, its SIMD flags, cores, OS, versions, load
+    at the start."""
     import onnxruntime  # type: ignore[import-untyped]
 
     cpu = platform.processor() or platform.machine()
+    flags: list[str] = []
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu
-            )
+            name, flags = cpu_model_and_flags(f.read())
+        cpu = name or cpu
     except OSError:
         pass
     try:
@@ -68,6 +91,7 @@ def machine_info() -> Machine:
         onnxruntime=onnxruntime.__version__,
         npuchat=npuchat_version,
         load_average_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        cpu_flags=flags,
     )
 
 

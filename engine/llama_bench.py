@@ -49,7 +49,8 @@ def run_llama_bench(
                 f"--llama-bench {binary}: its output is not JSON ({exc}); is it llama-bench?"
             ) from exc
         for row in rows:
-            tps = LlamaFigure(float(row["avg_ts"]), float(row.get("stddev_ts", 0.0)))
+            samples = [float(t) for t in row.get("samples_ts") or []]
+            tps = LlamaFigure(float(row["avg_ts"]), float(row.get("stddev_ts", 0.0)), samples)
             out.build = out.build or row.get("build_commit")
             out.threads = out.threads or row.get("n_threads")
             if row.get("n_prompt") and not row.get("n_gen"):

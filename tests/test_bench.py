@@ -270,6 +270,7 @@ def test_readme_section_from_the_report(
     report = quick_run["report"]
     assert md.startswith("## Performance")
     assert report["machine"]["cpu"] in md and report["date"][:10] in md
+    assert " ".join(report["machine"]["cpu_flags"]) in md  # AVX2 or AVX-512: which kernels ran
     row = next(line for line in md.splitlines() if line.startswith("| syn |"))
     pp512 = next(r for r in report["prefill"] if r["tokens"] == 512)
     assert f"{pp512['tps']['median']:.1f} ({pp512['ratio']:.2f}× llama.cpp)" in row
