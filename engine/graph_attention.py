@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
+from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .graph_ops import Graph
 
 __all__ = ["attend_inplace", "attend_split"]
@@ -81,6 +82,7 @@ def attend_inplace(
     k_smooth: np.ndarray | None = None,
     slots: str = "kv_slots",
     window: str | None = None,
+    native_mask: str | None = None,
 ) -> str:
     """Attention after scattering the S new rows into the cache at `kv_slots` (the CPU layout).
 
@@ -101,7 +103,14 @@ def attend_inplace(
     capacity a long prompt in another row moved the cache to; the columns it leaves out are
     ones the mask hides, so every row's result is the same bit for bit at any A that covers it
     (the products and sums over hidden columns add exact zeros).
+    `native_mask`: the step's own `[B, 1, S, A]` mask (not tiled by G); a float32 cache is then
+    attended by the native `npuchat.Attention` op, which reads the cache's first A slots in
+    place (no Slice copy, no packing of K and V for a MatMul; `native/attention_op.cc`).
     """
+    if native_mask is not None and kv[0] == "f32":
+        k_all = gr.op("ScatterND", [f"past_k_{i}", slots, k_new], outputs=[f"present_k_{i}"])
+        v_all = gr.op("ScatterND", [f"past_v_{i}", slots, v_new], outputs=[f"present_v_{i}"])
+        return gr.op("Attention", [q, k_all, v_all, native_mask], domain=KERNEL_DOMAIN)
     if k_smooth is not None:
         k_new = gr.op("Mul", [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)])
         q = gr.op("Mul", [q, _per_channel(gr, f"k_smooth_{i}", k_smooth)])

@@ -110,7 +110,7 @@ __all__ = [
 ]
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "15"
+BUILDER_VERSION = "16"
 OPSET = 23  # RotaryEmbedding
 
 
@@ -242,7 +242,11 @@ def make_graph(
             slots = "kv_slots_swa" if local and ring and cfg.mixed_windows else "kv_slots"
             store = (spec.kv_dtype, dh)
             window = windows(local) if spec.attn_window else None
-            att = attend_inplace(gr, i, q, rope(k, local), v, mask, store, smooth, slots, window)
+            own_mask = "mask_swa" if local and cfg.mixed_windows else "mask"
+            native = own_mask if spec.native_kernels else None
+            att = attend_inplace(
+                gr, i, q, rope(k, local), v, mask, store, smooth, slots, window, native
+            )
         elif smooth is not None:  # int8: attend_split names the smoothed rows `new_k_i`
             att = attend_split(gr, i, q, rope(k, local), v, mask, split_cs(i), smooth)
         else:

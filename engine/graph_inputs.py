@@ -49,8 +49,9 @@ class GraphSpec:
         """The CPU's one graph for every step: symbolic shapes, new K/V rows scattered into the
         cache, row padding for exact one-row decode steps; `ring`: sliding-window layers keep
         a ring of their own size; `native_kernels`: `npuchat.QMatMul` for the block types it
-        covers. Attention reads as many of the cache's slots as the mask has columns
-        (`attn_window`), so a step pays for what its rows hold, not for the capacity."""
+        covers, and `npuchat.Attention` over a float32 cache. Attention reads as many of the
+        cache's slots as the mask has columns (`attn_window`), so a step pays for what its rows
+        hold, not for the capacity."""
         return cls(
             None,
             None,

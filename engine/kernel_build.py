@@ -45,7 +45,7 @@ _HEADER_FOLDER = (
     "package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers/"
 )
 SOURCE_DIR = Path(__file__).parent / "native"
-SOURCES = ("qdot_scalar.cc", "qdot_avx2.cc", "qmatmul_op.cc")
+SOURCES = ("qdot_scalar.cc", "qdot_avx2.cc", "qmatmul_op.cc", "attention_op.cc")
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"
 _TIMEOUT_S = 600

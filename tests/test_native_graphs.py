@@ -29,6 +29,7 @@ CASES = {
     "llama-q4_1": ("llama", {"default": "q4_1", "token_embd": "q8_0"}),
     "phi3-q5_0": ("phi3", {"default": "q5_0", "ffn_down": "f16"}),
     "qwen3-q4_0": ("qwen3", "q4_0"),
+    "gemma3-q8_0": ("gemma3", "q8_0"),  # sliding-window layers on rings of their own size
 }
 
 
@@ -57,8 +58,10 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
         ops = _ops(m)
         assert ops["QMatMul"] > 0 and ("avx2" in m.kernels or "scalar" in m.kernels)
         assert ops["Sigmoid"] == 0  # gate|up share a block type: the op computes SwiGLU
+        # attention reads the float32 cache in place (no Softmax, no attention MatMuls)
+        assert ops["Attention"] == m.config.n_layers and ops["Softmax"] == 0
         if case == "phi3-q5_0":
-            assert ops["MatMulNBits"] == 0 and ops["MatMul"] >= 2  # the f16 down stays dense
+            assert ops["MatMulNBits"] == 0 and ops["MatMul"] == m.config.n_layers  # f16 down
         else:
             assert ops["MatMulNBits"] == 0 and ops["Gemm"] == 0  # no offset Gemms either
         last = m.prefill(ids[:32])
@@ -71,7 +74,7 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
             assert int(got.argmax()) == int(want.argmax())
 
 
-@pytest.mark.parametrize("case", ["qwen2-q4_k_m", "llama-q4_1"])
+@pytest.mark.parametrize("case", ["qwen2-q4_k_m", "llama-q4_1", "gemma3-q8_0"])
 def test_verify_equals_decode_and_batched_equals_alone_bit_for_bit(
     synthetic_gguf, tmp_path: Path, case: str
 ) -> None:
@@ -99,7 +102,7 @@ def test_off_keeps_matmulnbits(synthetic_gguf, tmp_path: Path, monkeypatch) -> N
     monkeypatch.setenv("NPUCHAT_KERNELS", "off")
     path = synthetic_gguf("qwen2", "q4_k")
     with Model.load(path, cache_dir=tmp_path, prefill_chunk=16, capacities=[64]) as m:
-        assert _ops(m)["QMatMul"] == 0 and _ops(m)["MatMulNBits"] > 0
+        assert _ops(m)["QMatMul"] == _ops(m)["Attention"] == 0 and _ops(m)["MatMulNBits"] > 0
         assert "MatMulNBits" in m.kernels and "NPUCHAT_KERNELS=off" in m.kernels
 
 

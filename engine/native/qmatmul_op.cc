@@ -276,6 +276,8 @@ struct QMatMulOp : Ort::CustomOpBase<QMatMulOp, QMatMulKernel, true> {
 
 }  // namespace
 
+const OrtCustomOp* npuchat_attention_op();  // attention_op.cc
+
 extern "C" {
 
 // ONNX Runtime's entry point for SessionOptions.register_custom_ops_library.
@@ -291,6 +293,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   std::call_once(once, [&] {
     status = api->CreateCustomOpDomain("npuchat", &domain);
     if (status == nullptr) status = api->CustomOpDomain_Add(domain, &op);
+    if (status == nullptr) status = api->CustomOpDomain_Add(domain, npuchat_attention_op());
   });
   if (status != nullptr) return status;
   return api->AddCustomOpDomain(options, domain);
