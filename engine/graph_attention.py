@@ -13,6 +13,7 @@ from onnx import TensorProto, numpy_helper
 
 from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .graph_ops import Graph
+from .layer_inputs import MASK_NEG
 
 __all__ = ["attend_inplace", "attend_split"]
 
@@ -105,12 +106,15 @@ def attend_inplace(
     (the products and sums over hidden columns add exact zeros).
     `native_mask`: the step's own `[B, 1, S, A]` mask (not tiled by G); a float32 cache is then
     attended by the native `npuchat.Attention` op, which reads the cache's first A slots in
-    place (no Slice copy, no packing of K and V for a MatMul; `native/attention_op.cc`).
+    place (no Slice copy, no packing of K and V for a MatMul; `native/attention_op.cc`), and
+    skips the slots the mask hides (`MASK_NEG`): a decode row beside a long prompt reads its
+    own slots only.
     """
     if native_mask is not None and kv[0] == "f32":
         k_all = gr.op("ScatterND", [f"past_k_{i}", slots, k_new], outputs=[f"present_k_{i}"])
         v_all = gr.op("ScatterND", [f"past_v_{i}", slots, v_new], outputs=[f"present_v_{i}"])
-        return gr.op("Attention", [q, k_all, v_all, native_mask], domain=KERNEL_DOMAIN)
+        inputs = [q, k_all, v_all, native_mask]  # MASK_NEG: the slot is hidden, never read
+        return gr.op("Attention", inputs, domain=KERNEL_DOMAIN, hidden=MASK_NEG)
     if k_smooth is not None:
         k_new = gr.op("Mul", [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)])
         q = gr.op("Mul", [q, _per_channel(gr, f"k_smooth_{i}", k_smooth)])

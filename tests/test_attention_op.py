@@ -22,9 +22,9 @@ if shutil.which("g++") is None or shutil.which("npm") is None:
 TOLERANCE = 2e-5  # float32 sums in another order, and exp to ~2e-7
 
 
-def session(threads: int = 2) -> ort.InferenceSession:
+def session(threads: int = 2, **attrs: float) -> ort.InferenceSession:
     names = ["q", "k", "v", "mask"]
-    node = helper.make_node("Attention", names, ["y"], domain=DOMAIN)
+    node = helper.make_node("Attention", names, ["y"], domain=DOMAIN, **attrs)
     graph = helper.make_graph(
         [node],
         "attention",
@@ -102,7 +102,7 @@ def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window() -> No
     feed["k"][:, :, 130:] = 1e3  # slots past the window: never read
     wide = {**feed, "mask": np.full((b, 1, s, 190), -30000.0, np.float32)}
     wide["mask"][..., :130] = feed["mask"]
-    two, one = session(2), session(1)
+    two, one = session(2, hidden=-30000.0), session(1, hidden=-30000.0)
     together = two.run(None, feed)[0]
     assert np.array_equal(one.run(None, feed)[0], together)
     assert np.array_equal(two.run(None, wide)[0], together)
@@ -118,6 +118,33 @@ def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window() -> No
             y = two.run(None, alone)[0].reshape(hkv, g, dh)
             expected = together.reshape(b, hkv, g, s, dh)[bi, :, :, si]
             assert np.array_equal(y, expected), (bi, si)
+
+
+def test_slots_at_or_below_hidden_are_never_read() -> None:
+    """`hidden`: the host's ignore value hides a slot outright; its K/V (NaN here) are not read,
+    and the visible slots' result is numpy's over those slots alone."""
+    rng = np.random.default_rng(11)
+    feed = inputs(rng, 2, 2, 3, 4, 300, 280, 32)
+    feed["mask"][feed["mask"] == -np.inf] = -30000.0
+    feed["mask"][0, 0, 1, 70:200] = -30000.0  # a hole: a window's row
+    hidden = feed["mask"] <= -30000.0
+    keep = ~np.broadcast_to(hidden.all(axis=(0, 2), keepdims=True), hidden.shape)[0, 0, 0]
+    assert (~keep).any() and keep.any()
+    feed["k"][:, :, :280][:, :, ~keep] = np.nan
+    feed["v"][:, :, :280][:, :, ~keep] = np.nan
+    y = session(hidden=-30000.0).run(None, feed)[0]
+    ref_mask = np.where(hidden, -np.inf, 0.0).astype(np.float32)
+    clean = {
+        **feed,
+        "k": np.nan_to_num(feed["k"]),
+        "v": np.nan_to_num(feed["v"]),
+        "mask": ref_mask,
+    }
+    ref = reference(**clean)
+    assert np.isfinite(y).all()
+    assert np.abs(y - ref).max() / np.abs(ref).max() < TOLERANCE
+    with pytest.raises(Exception, match="hidden must be a number"):
+        session(hidden=float("nan")).run(None, feed)
 
 
 def test_the_portable_kernels_match_numpy_too() -> None:

@@ -4,6 +4,8 @@
 //   inputs:  q float32 [B, Hkv, G*S, dh] (row g*S + s: query head g of the KV head, token s;
 //            1/sqrt(dh) already applied); k, v float32 [B, Hkv, C, dh] (the cache);
 //            mask float32 [B, 1, S, A], additive, A <= C: the slots the step attends
+//   attrs:   hidden (optional, -inf): a mask value at or below it hides its slot: probability
+//            exactly 0, and the slot's K and V are not read (the host's "ignore" value)
 //   output:  float32 [B, Hkv, G*S, dh]
 //
 // Each query row is computed by the same code whatever the number of rows, the batch or A:
@@ -31,12 +33,13 @@ constexpr int64_t LANES = 8;
 constexpr int64_t ROWS_PER_TASK = 8;   // query rows of one KV head per task
 constexpr int64_t BLOCK_COLS = 64;     // cache slots whose K or V rows stay in L1 for a row group
 
-// The per-ISA pieces: scores of one row against a block of K rows, exp(x - max) in place over
-// a multiple of LANES, and acc += p * v for a block of V rows (columns with p == 0 skipped).
+// The per-ISA pieces: scores of one row against a block of K rows, x = exp(x - max) in place
+// returning the sum, over
+// a multiple of LANES (each lane j over the columns j, j + 8, ...), and acc += p * v for a block of V rows (columns with p == 0 skipped).
 struct AttnKernels {
   void (*scores)(const float* q, const float* k, int64_t cols, int64_t dh, const float* mask,
                  float* out);
-  void (*exp_sub)(float* x, int64_t n, float max);
+  float (*softmax)(float* x, int64_t n);
   void (*accumulate)(float* acc, const float* p, const float* v, int64_t cols, int64_t dh);
   const char* isa;
 };
@@ -52,8 +55,26 @@ void scores_scalar(const float* q, const float* k, int64_t cols, int64_t dh, con
   }
 }
 
-void exp_sub_scalar(float* x, int64_t n, float max) {
-  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - max);
+const float NEG_INF = -std::numeric_limits<float>::infinity();
+
+// A row whose every slot is hidden gets no weights (zeros, sum 0) instead of NaNs.
+float softmax_scalar(float* x, int64_t n) {
+  float lane[LANES];
+  std::fill(lane, lane + LANES, NEG_INF);
+  for (int64_t c = 0; c < n; ++c) lane[c % LANES] = std::max(lane[c % LANES], x[c]);
+  const float max = *std::max_element(lane, lane + LANES);
+  if (max == NEG_INF) {
+    std::fill(x, x + n, 0.0f);
+    return 0.0f;
+  }
+  std::fill(lane, lane + LANES, 0.0f);
+  for (int64_t c = 0; c < n; ++c) {
+    x[c] = std::exp(x[c] - max);
+    lane[c % LANES] += x[c];
+  }
+  float sum = 0.0f;
+  for (float l : lane) sum += l;
+  return sum;
 }
 
 void accumulate_scalar(float* acc, const float* p, const float* v, int64_t cols, int64_t dh) {
@@ -64,49 +85,51 @@ void accumulate_scalar(float* acc, const float* p, const float* v, int64_t cols,
   }
 }
 
-const AttnKernels SCALAR{scores_scalar, exp_sub_scalar, accumulate_scalar, "scalar"};
+const AttnKernels SCALAR{scores_scalar, softmax_scalar, accumulate_scalar, "scalar"};
 
 // ---- AVX2 + FMA ----
 #define NPA_AVX2 __attribute__((target("avx2,fma")))
 
-NPA_AVX2 inline float hsum(__m256 v) {
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+// The lane sums of eight accumulators as one vector (column i's in lane i), each the same tree
+// ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) whatever its position.
+NPA_AVX2 inline __m256 hsum8(const __m256* acc) {
+  const __m256 t01 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 t45 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  const __m256 lo = _mm256_permute2f128_ps(t01, t45, 0x20);  // lanes 0-3 of every column
+  const __m256 hi = _mm256_permute2f128_ps(t01, t45, 0x31);  // lanes 4-7
+  return _mm256_add_ps(lo, hi);
 }
 
-// One column's score: its dot in eight lanes over dh's body (in order), their sum, the tail.
-NPA_AVX2 inline float finish(__m256 acc, const float* q, const float* kc, int64_t body, int64_t dh) {
-  float s = hsum(acc);
-  for (int64_t d = body; d < dh; ++d) s = std::fma(q[d], kc[d], s);
-  return s;
-}
-
+// Scores of eight columns at a time:
+// each column's dot runs in eight lanes over dh's body in order, then the tree, then the tail.
 NPA_AVX2 void scores_avx2(const float* q, const float* k, int64_t cols, int64_t dh,
                           const float* mask, float* out) {
   const int64_t body = dh / LANES * LANES;
-  constexpr int64_t AT_ONCE = 8;  // independent columns in flight (the FMA latency)
-  int64_t c = 0;
-  for (; c + AT_ONCE <= cols; c += AT_ONCE) {
-    __m256 acc[AT_ONCE];
+  for (int64_t c = 0; c < cols; c += LANES) {
+    const int64_t n = std::min(LANES, cols - c);
+    const float* kp[LANES];  // a short last group repeats its last column (results unused)
+    for (int64_t i = 0; i < LANES; ++i) kp[i] = k + (c + std::min(i, n - 1)) * dh;
+    __m256 acc[LANES];
     for (auto& a : acc) a = _mm256_setzero_ps();
     for (int64_t d = 0; d < body; d += LANES) {
       const __m256 qd = _mm256_loadu_ps(q + d);
-      for (int64_t i = 0; i < AT_ONCE; ++i) {
-        acc[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k + (c + i) * dh + d), acc[i]);
+      for (int64_t i = 0; i < LANES; ++i) {
+        acc[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kp[i] + d), acc[i]);
       }
     }
-    for (int64_t i = 0; i < AT_ONCE; ++i) {
-      out[c + i] = finish(acc[i], q, k + (c + i) * dh, body, dh) + mask[c + i];
+    const __m256 sums8 = hsum8(acc);
+    if (n == LANES && body == dh) {
+      _mm256_storeu_ps(out + c, _mm256_add_ps(sums8, _mm256_loadu_ps(mask + c)));
+      continue;
     }
-  }
-  for (; c < cols; ++c) {
-    const float* kc = k + c * dh;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < body; d += LANES) {
-      acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kc + d), acc);
+    float sums[LANES];
+    _mm256_storeu_ps(sums, sums8);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* kc = k + (c + i) * dh;
+      float s = sums[i];
+      for (int64_t d = body; d < dh; ++d) s = std::fma(q[d], kc[d], s);
+      out[c + i] = s + mask[c + i];
     }
-    out[c] = finish(acc, q, kc, body, dh) + mask[c];
   }
 }
 
@@ -130,11 +153,27 @@ NPA_AVX2 inline __m256 exp_neg(__m256 x) {
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-NPA_AVX2 void exp_sub_avx2(float* x, int64_t n, float max) {
-  const __m256 m = _mm256_set1_ps(max);
-  for (int64_t i = 0; i < n; i += LANES) {
-    _mm256_storeu_ps(x + i, exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+NPA_AVX2 float softmax_avx2(float* x, int64_t n) {
+  __m256 lanes = _mm256_set1_ps(NEG_INF);
+  for (int64_t i = 0; i < n; i += LANES) lanes = _mm256_max_ps(lanes, _mm256_loadu_ps(x + i));
+  float lane[LANES];
+  _mm256_storeu_ps(lane, lanes);
+  const float max = *std::max_element(lane, lane + LANES);
+  if (max == NEG_INF) {
+    std::fill(x, x + n, 0.0f);
+    return 0.0f;
   }
+  const __m256 m = _mm256_set1_ps(max);
+  __m256 sums = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += LANES) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(x + i, e);
+    sums = _mm256_add_ps(sums, e);
+  }
+  _mm256_storeu_ps(lane, sums);
+  float sum = 0.0f;
+  for (float l : lane) sum += l;
+  return sum;
 }
 
 // acc[0, 8 * NR) += p[c] * v[c][0, 8 * NR) over the columns, held in registers meanwhile.
@@ -168,7 +207,7 @@ NPA_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v, int64_
   }
 }
 
-const AttnKernels AVX2{scores_avx2, exp_sub_avx2, accumulate_avx2, "avx2"};
+const AttnKernels AVX2{scores_avx2, softmax_avx2, accumulate_avx2, "avx2"};
 
 const AttnKernels& chosen() {
   static const AttnKernels* k = [] {
@@ -185,6 +224,7 @@ struct Job {
   const AttnKernels* kern;
   const float *q, *k, *v, *mask;
   float* y;
+  float hidden;
   int64_t hkv, rows, s, c, a, dh, row_tasks;
 };
 
@@ -200,33 +240,29 @@ void run_task(void* data, size_t t) {
   const float* kh = j.k + bh * j.c * j.dh;
   const float* vh = j.v + bh * j.c * j.dh;
   std::vector<float> scores(static_cast<size_t>((r1 - r0) * padded));
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t c0 = 0; c0 < j.a; c0 += BLOCK_COLS) {
     const int64_t cols = std::min(BLOCK_COLS, j.a - c0);
     for (int64_t r = r0; r < r1; ++r) {
       const float* mask = j.mask + (b * j.s + r % j.s) * j.a + c0;
-      j.kern->scores(j.q + (bh * j.rows + r) * j.dh, kh + c0 * j.dh, cols, j.dh, mask,
-                     scores.data() + (r - r0) * padded + c0);
+      float* out = scores.data() + (r - r0) * padded + c0;
+      // only the block's span from its first to its last visible slot is scored
+      int64_t lo = 0, hi = cols;
+      while (lo < cols && mask[lo] <= j.hidden) ++lo;
+      while (hi > lo && mask[hi - 1] <= j.hidden) --hi;
+      std::fill(out, out + cols, NEG_INF);
+      if (lo == hi) continue;
+      j.kern->scores(j.q + (bh * j.rows + r) * j.dh, kh + (c0 + lo) * j.dh, hi - lo, j.dh,
+                     mask + lo, out + lo);
+      for (int64_t c = lo; c < hi; ++c) {
+        if (mask[c] <= j.hidden) out[c] = NEG_INF;
+      }
     }
   }
   std::vector<float> sums(static_cast<size_t>(r1 - r0));
   for (int64_t r = r0; r < r1; ++r) {
     float* row = scores.data() + (r - r0) * padded;
-    std::fill(row + j.a, row + padded, neg_inf);
-    float lane_max[LANES], lane_sum[LANES] = {};
-    std::fill(lane_max, lane_max + LANES, neg_inf);
-    for (int64_t c = 0; c < padded; ++c) lane_max[c % LANES] = std::max(lane_max[c % LANES], row[c]);
-    const float max = *std::max_element(lane_max, lane_max + LANES);
-    if (max == neg_inf) {  // every slot hidden: no weights, a zero row
-      std::fill(row, row + padded, 0.0f);
-      sums[r - r0] = 1.0f;
-      continue;
-    }
-    j.kern->exp_sub(row, padded, max);
-    for (int64_t c = 0; c < padded; ++c) lane_sum[c % LANES] += row[c];
-    float sum = 0.0f;
-    for (float l : lane_sum) sum += l;
-    sums[r - r0] = sum;
+    std::fill(row + j.a, row + padded, NEG_INF);
+    sums[r - r0] = j.kern->softmax(row, padded);
   }
   float* out = j.y + (bh * j.rows + r0) * j.dh;
   std::fill(out, out + (r1 - r0) * j.dh, 0.0f);
@@ -238,6 +274,7 @@ void run_task(void* data, size_t t) {
     }
   }
   for (int64_t r = r0; r < r1; ++r) {
+    if (sums[r - r0] == 0.0f) continue;  // every slot hidden: the zero row stays
     float* o = out + (r - r0) * j.dh;
     for (int64_t d = 0; d < j.dh; ++d) o[d] /= sums[r - r0];
   }
@@ -254,6 +291,8 @@ std::string dims(const std::vector<int64_t>& shape) {
 }
 
 struct AttentionKernel {
+  float hidden = NEG_INF;
+
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     try {
       return compute(context);
@@ -298,7 +337,7 @@ struct AttentionKernel {
     }
     const int64_t row_tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     Job job{&chosen(), q.GetTensorData<float>(), k.GetTensorData<float>(),
-            v.GetTensorData<float>(), mask.GetTensorData<float>(), out, hkv, rows, s, c, a, dh,
+            v.GetTensorData<float>(), mask.GetTensorData<float>(), out, hidden, hkv, rows, s, c, a, dh,
             row_tasks};
     const size_t tasks = static_cast<size_t>(b * hkv * row_tasks);
     if (tasks == 1) {
@@ -311,8 +350,19 @@ struct AttentionKernel {
 };
 
 struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
-  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo*, void** kernel) const {
-    *kernel = new AttentionKernel();
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+    auto* kn = new AttentionKernel();
+    float hidden = 0.0f;
+    OrtStatus* absent = api.KernelInfoGetAttribute_float(info, "hidden", &hidden);
+    if (absent != nullptr) {
+      api.ReleaseStatus(absent);  // not given: only -inf hides a slot
+    } else if (std::isnan(hidden)) {
+      delete kn;
+      return error(ORT_INVALID_ARGUMENT, "hidden must be a number");
+    } else {
+      kn->hidden = hidden;
+    }
+    *kernel = kn;
     return nullptr;
   }
   const char* GetName() const { return "Attention"; }
