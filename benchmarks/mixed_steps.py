@@ -5,6 +5,7 @@ process CPU time, beside the stream's own decode step: where a paste's time goes
                                      [--stream 300] [--pastes 0,1000,2000,3000]
                                      [--tokens 1,2,4] [--rounds 7] [--profile]
                                      [--kv-dtype f32|f16|int8] [--cache-dir DIR]
+                                     [--chunk 128] [--attention native,onnx]
 
 One model with 2 KV slots: row 1 holds a stream of `--stream` tokens, row 0 a prompt read up to
 each of `--pastes` tokens (the rows' K/V are whatever the cache holds: attention costs the same
@@ -12,7 +13,11 @@ whatever the values). For each prompt length it prints the median CPU time of th
 decode step alone, of a batched decode of both rows, and of mixed steps carrying `--tokens`
 prompt tokens, each with attention over the slots the step's rows reach (`window`: what the
 engine runs) and over the whole capacity (`full`: every step before the attention window),
-and the ratios to the stream's decode step at its own window. `--profile` prints instead ONNX
+and the ratios to the stream's decode step at its own window; `--chunk N`: also a prefill chunk of
+N tokens on the prompt's row alone. `--attention native,onnx` loads the model twice, once with
+the native `npuchat.Attention` op (what a float32 cache on the native kernels runs) and once
+with ONNX Runtime's MatMul/Softmax subgraph, and measures the two alternately, round by round
+(the window mode only). `--profile` prints instead ONNX
 Runtime's time per op type for each kind of step at the longest prompt (profiled runs are
 slower; read the shares, not the sums).
 
@@ -33,6 +38,7 @@ from pathlib import Path
 from concurrency import model_path
 
 import npuchat.engine.cpu_steps as cpu_steps
+import npuchat.engine.graph_builder as graph_builder
 import npuchat.engine.runtime as runtime
 from npuchat.engine.kv_layout import attention_window, default_capacities
 from npuchat.engine.model import Model
@@ -54,7 +60,9 @@ def full_capacity(capacities: object, capacity: int, needed: int) -> int:
     return capacity  # attention over every slot of the cache, masked
 
 
-def steps(m: Model, stream: int, paste: int, tokens: list[int]) -> dict[str, Callable[[], object]]:
+def steps(
+    m: Model, stream: int, paste: int, tokens: list[int], chunk: int = 0
+) -> dict[str, Callable[[], object]]:
     kv = m._kv
 
     def at(fn: Callable[[], object]) -> Callable[[], object]:
@@ -69,7 +77,47 @@ def steps(m: Model, stream: int, paste: int, tokens: list[int]) -> dict[str, Cal
         out["decode2"] = at(lambda: m.decode_batch([100, 101], first_row=0))
         for n in tokens:
             out[f"mix{n}"] = at(lambda n=n: m.step_rows([list(range(100, 100 + n)), [7]]))
+        if chunk:
+            out[f"chunk{chunk}"] = at(lambda: m.step_rows([list(range(100, 100 + chunk))]))
     return out
+
+
+def onnx_attention(load: Callable[[], Model]) -> Model:
+    """`load()` with the CPU graph's attention as ONNX Runtime's MatMul/Softmax subgraph, not
+    the native op (the graph is built into the load's own cache)."""
+    original = graph_builder.attend_inplace
+
+    def without_native(*args: object, **kw: object) -> str:
+        return original(*args[:10], **kw)  # type: ignore[arg-type]
+
+    graph_builder.attend_inplace = without_native  # type: ignore[assignment]
+    try:
+        return load()
+    finally:
+        graph_builder.attend_inplace = original
+
+
+def compare(models: dict[str, Model], args: argparse.Namespace, pastes: list[int]) -> None:
+    """Each kind of step on each model in turn, round by round (median CPU ms per model)."""
+    tokens = [int(t) for t in args.tokens.split(",")]
+    names = list(models)
+    for paste in pastes:
+        kinds = {n: steps(m, args.stream, paste, tokens, args.chunk) for n, m in models.items()}
+        row = [f"prompt {paste:5d}:"]
+        for kind in kinds[names[0]]:
+            times: dict[str, list[float]] = {n: [] for n in names}
+            for n in names:
+                kinds[n][kind]()  # a shape's first run sizes ONNX Runtime's buffers
+            for _ in range(args.rounds):
+                for n in names:
+                    t0 = time.process_time()
+                    kinds[n][kind]()
+                    times[n].append(1000 * (time.process_time() - t0))
+            med = {n: statistics.median(times[n]) for n in names}
+            ratio = med[names[0]] / med[names[-1]]
+            cells = " / ".join(f"{med[n]:.1f}" for n in names)
+            row.append(f"{kind} {cells} ({ratio:.2f}x)")
+        print("  " + "  ".join(row), flush=True)
 
 
 def profile(m: Model, runs: dict[str, Callable[[], object]]) -> None:
@@ -105,6 +153,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16", "int8"])
     ap.add_argument("--cache-dir", type=Path, help="graph cache (default: a fresh one)")
+    ap.add_argument("--chunk", type=int, default=0, help="also a prefill chunk of N tokens")
+    ap.add_argument("--attention", default="", help="native,onnx: both, measured alternately")
     args = ap.parse_args()
     pastes = [int(p) for p in args.pastes.split(",")]
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -122,22 +172,43 @@ def main() -> None:
     caps = [c for c in default_capacities(CAPACITY) if c <= CAPACITY]
     with tempfile.TemporaryDirectory() as fresh:
         cache = args.cache_dir or Path(fresh)
-        m = Model.load(
-            path,
-            cache_dir=cache,
-            threads=args.threads,
-            batch_max=2,
-            capacities=caps,
-            kv_dtype=args.kv_dtype,
-        )
-        while not m.reserve(CAPACITY):  # the capacity a long prompt moves the cache to
-            time.sleep(0.05)
+
+        def load(folder: Path = cache) -> Model:
+            m = Model.load(
+                path,
+                cache_dir=folder,
+                threads=args.threads,
+                batch_max=2,
+                capacities=caps,
+                kv_dtype=args.kv_dtype,
+            )
+            while not m.reserve(CAPACITY):  # the capacity a long prompt moves the cache to
+                time.sleep(0.05)
+            return m
+
+        if args.attention:
+            modes = args.attention.split(",")
+            models = {
+                mode: onnx_attention(lambda: load(Path(fresh) / "onnx"))
+                if mode == "onnx"
+                else load(Path(fresh) / "native")
+                for mode in modes
+            }
+            first = models[modes[0]]
+            print(f"{args.model}, {args.threads} thread(s), stream of {args.stream} tokens,")
+            print(f"cache at {first.capacity} slots, {first.kernels}; process CPU ms, median")
+            print(f"of {args.rounds} alternating rounds, {' / '.join(modes)} attention (ratio):")
+            compare(models, args, pastes)
+            for m in models.values():
+                m.close()
+            return
+        m = load()
         print(f"{args.model}, {args.threads} thread(s), {args.kv_dtype} K/V,", end=" ")
         print(f"stream of {args.stream} tokens,")
         print(f"cache at {m.capacity} slots, {m.kernels}; process CPU ms, median of {args.rounds}")
         if args.profile:  # the attention window on (what the engine runs)
             print(f"ONNX Runtime per op type, prompt of {pastes[-1]} tokens:")
-            profile(m, steps(m, args.stream, pastes[-1], tokens))
+            profile(m, steps(m, args.stream, pastes[-1], tokens, args.chunk))
             m.close()
             return
         for paste in pastes:
@@ -145,7 +216,7 @@ def main() -> None:
             base = None
             for mode, window in (("window", attention_window), ("full", full_capacity)):
                 cpu_steps.attention_window = window  # type: ignore[assignment]
-                for name, fn in steps(m, args.stream, paste, tokens).items():
+                for name, fn in steps(m, args.stream, paste, tokens, args.chunk).items():
                     t = cpu_ms(fn, args.rounds)
                     base = t if base is None else base
                     row.append(f"{name}/{mode} {t:6.1f} ({t / base:.2f}x)")

@@ -93,11 +93,13 @@ def test_attention_matches_numpy(shape: tuple[int, ...]) -> None:
     assert np.abs(y - ref).max() / np.abs(ref).max() < TOLERANCE
 
 
-def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window() -> None:
-    """A decode row against its verify step (more rows, a wider window whose extra slots the
-    mask hides) and against a batch: bit for bit, as exact speculation needs."""
+@pytest.mark.parametrize("g, s", [(3, 4), (7, 9), (1, 40)])
+def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window(g: int, s: int) -> None:
+    """A decode row against its verify step or a prefill chunk (more rows, a wider window whose
+    extra slots the mask hides) and against a batch: bit for bit, as exact speculation needs.
+    (7, 9): rows over several tasks, two tokens in a vector of rows; (1, 40): eight tokens."""
     rng = np.random.default_rng(7)
-    b, hkv, g, s, c, dh = 3, 2, 3, 4, 200, 32
+    b, hkv, c, dh = 3, 2, 200, 32
     feed = inputs(rng, b, hkv, g, s, c, 130, dh)
     feed["k"][:, :, 130:] = 1e3  # slots past the window: never read
     wide = {**feed, "mask": np.full((b, 1, s, 190), -30000.0, np.float32)}
@@ -127,6 +129,7 @@ def test_slots_at_or_below_hidden_are_never_read() -> None:
     feed = inputs(rng, 2, 2, 3, 4, 300, 280, 32)
     feed["mask"][feed["mask"] == -np.inf] = -30000.0
     feed["mask"][0, 0, 1, 70:200] = -30000.0  # a hole: a window's row
+    feed["mask"][..., 3:11] = -30000.0  # a hole every row has, inside the slots they see
     hidden = feed["mask"] <= -30000.0
     keep = ~np.broadcast_to(hidden.all(axis=(0, 2), keepdims=True), hidden.shape)[0, 0, 0]
     assert (~keep).any() and keep.any()

@@ -5,14 +5,21 @@
 //            1/sqrt(dh) already applied); k, v float32 [B, Hkv, C, dh] (the cache);
 //            mask float32 [B, 1, S, A], additive, A <= C: the slots the step attends
 //   attrs:   hidden (optional, -inf): a mask value at or below it hides its slot: probability
-//            exactly 0, and the slot's K and V are not read (the host's "ignore" value)
+//            exactly 0 (the host's "ignore" value); a slot every row hides is never read as
+//            V, nor as K outside the span of slots the rows see, and its values (NaN too)
+//            never reach the output
 //   output:  float32 [B, Hkv, G*S, dh]
 //
-// Each query row is computed by the same code whatever the number of rows, the batch or A:
-// scores one column at a time (a dot over dh), the max and the sum of the exponentials in
-// eight lanes by column index, and P.V in column order, where a column of probability exactly
-// zero (one the mask hides) is skipped. Columns a wider A adds are hidden ones, so a row's result
-// is the same bit for bit at any A that covers it (verify steps equal decode steps).
+// Each query row is computed by the same arithmetic whatever the number of rows, the batch or
+// A: on AVX2 eight rows ride in the eight lanes of a vector (the G query heads of a token side
+// by side: they share its mask row), a score is q . k summed over dh in order, the softmax's
+// max and sum and P.V run over the slots in order, and a slot a row does not see adds exact
+// zeros. So a row's result is the same bit for bit alone, beside any rows and at any A that
+// covers it (verify steps equal decode steps; a decode row beside a prompt's chunk equals it
+// alone). Each K and V element a task reads is loaded once per 16 rows (one broadcast against
+// two vectors of rows), from L1 for every row of the task: prefill chunks run as a blocked
+// matrix product, decode steps read K/V once. Slots outside the span a task's rows see are
+// not read; neither are slots inside it that every row hides, in P.V.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
@@ -20,118 +27,201 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
 
 constexpr int64_t LANES = 8;
-constexpr int64_t ROWS_PER_TASK = 8;   // query rows of one KV head per task
-constexpr int64_t BLOCK_COLS = 64;     // cache slots whose K or V rows stay in L1 for a row group
-
-// The per-ISA pieces: scores of one row against a block of K rows, x = exp(x - max) in place
-// returning the sum, over
-// a multiple of LANES (each lane j over the columns j, j + 8, ...), and acc += p * v for a block of V rows (columns with p == 0 skipped).
-struct AttnKernels {
-  void (*scores)(const float* q, const float* k, int64_t cols, int64_t dh, const float* mask,
-                 float* out);
-  float (*softmax)(float* x, int64_t n);
-  void (*accumulate)(float* acc, const float* p, const float* v, int64_t cols, int64_t dh);
-  const char* isa;
-};
-
-// ---- portable ----
-void scores_scalar(const float* q, const float* k, int64_t cols, int64_t dh, const float* mask,
-                   float* out) {
-  for (int64_t c = 0; c < cols; ++c) {
-    const float* kc = k + c * dh;
-    float s = 0.0f;
-    for (int64_t d = 0; d < dh; ++d) s += q[d] * kc[d];
-    out[c] = s + mask[c];
-  }
-}
+constexpr int64_t ROWS_PER_TASK = 32;  // query rows of one KV head per task (K/V read once each)
+constexpr int64_t BLOCK_COLS = 48;     // cache slots whose K or V rows stay in L1 for the task
 
 const float NEG_INF = -std::numeric_limits<float>::infinity();
 
-// A row whose every slot is hidden gets no weights (zeros, sum 0) instead of NaNs.
-float softmax_scalar(float* x, int64_t n) {
-  float lane[LANES];
-  std::fill(lane, lane + LANES, NEG_INF);
-  for (int64_t c = 0; c < n; ++c) lane[c % LANES] = std::max(lane[c % LANES], x[c]);
-  const float max = *std::max_element(lane, lane + LANES);
-  if (max == NEG_INF) {
-    std::fill(x, x + n, 0.0f);
-    return 0.0f;
-  }
-  std::fill(lane, lane + LANES, 0.0f);
-  for (int64_t c = 0; c < n; ++c) {
-    x[c] = std::exp(x[c] - max);
-    lane[c % LANES] += x[c];
-  }
-  float sum = 0.0f;
-  for (float l : lane) sum += l;
-  return sum;
+struct Job {
+  const float *q, *k, *v, *mask;
+  float* y;
+  float hidden;
+  int64_t hkv, rows, s, c, a, dh, row_tasks;
+};
+
+// The first and one past the last slot a mask row shows ([0, 0) when it shows none).
+std::pair<int64_t, int64_t> visible_span(const float* mask, int64_t a, float hidden) {
+  int64_t lo = 0, hi = a;
+  while (lo < a && mask[lo] <= hidden) ++lo;
+  while (hi > lo && mask[hi - 1] <= hidden) --hi;
+  return lo < hi ? std::make_pair(lo, hi) : std::make_pair(int64_t{0}, int64_t{0});
 }
 
-void accumulate_scalar(float* acc, const float* p, const float* v, int64_t cols, int64_t dh) {
-  for (int64_t c = 0; c < cols; ++c) {
-    if (p[c] == 0.0f) continue;
-    const float* vc = v + c * dh;
-    for (int64_t d = 0; d < dh; ++d) acc[d] += p[c] * vc[d];
+// Rows [r0, r0 + n) of one (batch, KV head) in token-major order (x = s * G + g: the G query
+// heads of a token, which share its mask row, side by side), where each sits in q and y
+// (g * S + s) and the slots each shows.
+struct Rows {
+  int64_t bh, b, r0, n;
+  std::vector<int64_t> at, token, lo, hi;
+
+  Rows(const Job& j, size_t t)
+      : bh(static_cast<int64_t>(t) / j.row_tasks),
+        b(bh / j.hkv),
+        r0((static_cast<int64_t>(t) % j.row_tasks) * ROWS_PER_TASK),
+        n(std::min(j.rows, r0 + ROWS_PER_TASK) - r0),
+        at(n),
+        token(n),
+        lo(n),
+        hi(n) {
+    const int64_t g = j.rows / j.s;
+    std::pair<int64_t, int64_t> span{0, 0};
+    for (int64_t i = 0; i < n; ++i) {
+      token[i] = (r0 + i) / g;
+      at[i] = (r0 + i) % g * j.s + token[i];
+      if (i == 0 || token[i] != token[i - 1]) span = visible_span(mask_row(j, i), j.a, j.hidden);
+      lo[i] = span.first;
+      hi[i] = span.second;
+    }
+  }
+  const float* mask_row(const Job& j, int64_t i) const {
+    return j.mask + (b * j.s + token[i]) * j.a;
+  }
+  const float* q(const Job& j, int64_t i) const { return j.q + (bh * j.rows + at[i]) * j.dh; }
+  float* y(const Job& j, int64_t i) const { return j.y + (bh * j.rows + at[i]) * j.dh; }
+  // the union of the spans of rows [i0, i1) ([a, a) when none shows a slot)
+  std::pair<int64_t, int64_t> span(int64_t i0, int64_t i1, int64_t a) const {
+    int64_t l = a, h = 0;
+    for (int64_t i = i0; i < std::min(i1, n); ++i) {
+      if (lo[i] >= hi[i]) continue;
+      l = std::min(l, lo[i]);
+      h = std::max(h, hi[i]);
+    }
+    return l < h ? std::make_pair(l, h) : std::make_pair(a, a);
+  }
+};
+
+// ---- portable: one row at a time ----
+void run_task_scalar(void* data, size_t t) {
+  const Job& j = *static_cast<const Job*>(data);
+  const Rows rows(j, t);
+  const float* kh = j.k + rows.bh * j.c * j.dh;
+  const float* vh = j.v + rows.bh * j.c * j.dh;
+  std::vector<float> p(static_cast<size_t>(j.a));
+  for (int64_t i = 0; i < rows.n; ++i) {
+    const float* q = rows.q(j, i);
+    float* out = rows.y(j, i);
+    std::fill(out, out + j.dh, 0.0f);
+    const float* mask = rows.mask_row(j, i);
+    const int64_t lo = rows.lo[i], hi = rows.hi[i];
+    float max = NEG_INF;
+    for (int64_t c = lo; c < hi; ++c) {
+      float s = 0.0f;
+      for (int64_t d = 0; d < j.dh; ++d) s += q[d] * kh[c * j.dh + d];
+      p[c] = mask[c] <= j.hidden ? NEG_INF : s + mask[c];
+      max = std::max(max, p[c]);
+    }
+    if (max == NEG_INF) continue;  // every slot hidden: a zero row
+    float sum = 0.0f;
+    for (int64_t c = lo; c < hi; ++c) {
+      p[c] = std::exp(p[c] - max);
+      sum += p[c];
+      if (p[c] == 0.0f) continue;
+      for (int64_t d = 0; d < j.dh; ++d) out[d] += p[c] * vh[c * j.dh + d];
+    }
+    for (int64_t d = 0; d < j.dh; ++d) out[d] /= sum;
   }
 }
 
-const AttnKernels SCALAR{scores_scalar, softmax_scalar, accumulate_scalar, "scalar"};
-
-// ---- AVX2 + FMA ----
+// ---- AVX2 + FMA: eight query rows in the eight lanes of a vector ----
+// Every lane's arithmetic is its own row's, the same in any lane, beside any rows and over any
+// span that covers its slots: a score is q . k summed in order over dh (one FMA per d), the
+// softmax's max and sum run over the slots in order, P.V adds each slot's p * v in slot order.
+// Slots a lane does not see add exact zeros there (exp(-inf) = 0; p = 0 in an FMA leaves an
+// accumulator that is never -0 unchanged), so a row's result is bit for bit what it gets alone.
 #define NPA_AVX2 __attribute__((target("avx2,fma")))
 
-// The lane sums of eight accumulators as one vector (column i's in lane i), each the same tree
-// ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)) whatever its position.
-NPA_AVX2 inline __m256 hsum8(const __m256* acc) {
-  const __m256 t01 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-  const __m256 t45 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-  const __m256 lo = _mm256_permute2f128_ps(t01, t45, 0x20);  // lanes 0-3 of every column
-  const __m256 hi = _mm256_permute2f128_ps(t01, t45, 0x31);  // lanes 4-7
-  return _mm256_add_ps(lo, hi);
-}
-
-// Scores of eight columns at a time:
-// each column's dot runs in eight lanes over dh's body in order, then the tree, then the tail.
-NPA_AVX2 void scores_avx2(const float* q, const float* k, int64_t cols, int64_t dh,
-                          const float* mask, float* out) {
-  const int64_t body = dh / LANES * LANES;
-  for (int64_t c = 0; c < cols; c += LANES) {
-    const int64_t n = std::min(LANES, cols - c);
-    const float* kp[LANES];  // a short last group repeats its last column (results unused)
-    for (int64_t i = 0; i < LANES; ++i) kp[i] = k + (c + std::min(i, n - 1)) * dh;
-    __m256 acc[LANES];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < body; d += LANES) {
-      const __m256 qd = _mm256_loadu_ps(q + d);
-      for (int64_t i = 0; i < LANES; ++i) {
-        acc[i] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(kp[i] + d), acc[i]);
-      }
-    }
-    const __m256 sums8 = hsum8(acc);
-    if (n == LANES && body == dh) {
-      _mm256_storeu_ps(out + c, _mm256_add_ps(sums8, _mm256_loadu_ps(mask + c)));
-      continue;
-    }
-    float sums[LANES];
-    _mm256_storeu_ps(sums, sums8);
-    for (int64_t i = 0; i < n; ++i) {
-      const float* kc = k + (c + i) * dh;
-      float s = sums[i];
-      for (int64_t d = body; d < dh; ++d) s = std::fma(q[d], kc[d], s);
-      out[c + i] = s + mask[c + i];
+// scores[v][c][lane] = qT[v][.][lane] . k[c] for NC slots: each K element one broadcast for NV
+// vectors of rows (NV * NC accumulators, NV + 1 more registers).
+template <int NV, int NC>
+NPA_AVX2 void dots_tile(const float* qt, int64_t qstride, const float* k, int64_t dh, float* s,
+                        int64_t sstride) {
+  __m256 acc[NV * NC];
+#pragma GCC unroll 16
+  for (int x = 0; x < NV * NC; ++x) acc[x] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dh; ++d) {
+    __m256 qd[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) qd[v] = _mm256_loadu_ps(qt + v * qstride + d * LANES);
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; ++c) {
+      const __m256 kc = _mm256_broadcast_ss(k + c * dh + d);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[v * NC + c] = _mm256_fmadd_ps(qd[v], kc, acc[v * NC + c]);
     }
   }
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(s + v * sstride + c * LANES, acc[v * NC + c]);
+  }
 }
+
+// accT[v][d][lane] += p[v][c][lane] * v[c][d] over the slots in order for ND dims of dh; a slot
+// no lane weighs is not read.
+template <int NV, int ND>
+NPA_AVX2 void pv_tile(const float* p, int64_t pstride, const float* vals, int64_t cols, int64_t dh,
+                      float* acc, int64_t astride) {
+  __m256 a[NV * ND];
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+#pragma GCC unroll 16
+    for (int d = 0; d < ND; ++d) a[v * ND + d] = _mm256_loadu_ps(acc + v * astride + d * LANES);
+  }
+  for (int64_t c = 0; c < cols; ++c) {
+    __m256 pc[NV];
+    __m256 any = _mm256_setzero_ps();
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      pc[v] = _mm256_loadu_ps(p + v * pstride + c * LANES);
+      any = _mm256_or_ps(any, pc[v]);
+    }
+    const __m256i bits = _mm256_castps_si256(any);
+    if (_mm256_testz_si256(bits, bits)) continue;
+    const float* vc = vals + c * dh;
+#pragma GCC unroll 16
+    for (int d = 0; d < ND; ++d) {
+      const __m256 vd = _mm256_broadcast_ss(vc + d);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) a[v * ND + d] = _mm256_fmadd_ps(pc[v], vd, a[v * ND + d]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int v = 0; v < NV; ++v) {
+#pragma GCC unroll 16
+    for (int d = 0; d < ND; ++d) _mm256_storeu_ps(acc + v * astride + d * LANES, a[v * ND + d]);
+  }
+}
+
+using DotsTile = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+using PvTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+
+template <int NV, int... I>
+constexpr std::array<DotsTile, sizeof...(I)> dots_tiles(std::integer_sequence<int, I...>) {
+  return {dots_tile<NV, I + 1>...};
+}
+template <int NV, int... I>
+constexpr std::array<PvTile, sizeof...(I)> pv_tiles(std::integer_sequence<int, I...>) {
+  return {pv_tile<NV, I + 1>...};
+}
+
+// one vector of rows: 12 slots (dims) per pass; two vectors: 6
+constexpr int WIDE[3] = {0, 12, 6};
+constexpr auto DOTS1 = dots_tiles<1>(std::make_integer_sequence<int, 12>{});
+constexpr auto DOTS2 = dots_tiles<2>(std::make_integer_sequence<int, 6>{});
+constexpr auto PV1 = pv_tiles<1>(std::make_integer_sequence<int, 12>{});
+constexpr auto PV2 = pv_tiles<2>(std::make_integer_sequence<int, 6>{});
 
 // exp(x) for x <= 0 (the softmax's shifted scores): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2],
 // a degree-6 polynomial (relative error ~2e-7); below -87.3 (or -inf) exactly 0.
@@ -153,131 +243,139 @@ NPA_AVX2 inline __m256 exp_neg(__m256 x) {
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-NPA_AVX2 float softmax_avx2(float* x, int64_t n) {
-  __m256 lanes = _mm256_set1_ps(NEG_INF);
-  for (int64_t i = 0; i < n; i += LANES) lanes = _mm256_max_ps(lanes, _mm256_loadu_ps(x + i));
-  float lane[LANES];
-  _mm256_storeu_ps(lane, lanes);
-  const float max = *std::max_element(lane, lane + LANES);
-  if (max == NEG_INF) {
-    std::fill(x, x + n, 0.0f);
-    return 0.0f;
-  }
-  const __m256 m = _mm256_set1_ps(max);
-  __m256 sums = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += LANES) {
-    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
-    _mm256_storeu_ps(x + i, e);
-    sums = _mm256_add_ps(sums, e);
-  }
-  _mm256_storeu_ps(lane, sums);
-  float sum = 0.0f;
-  for (float l : lane) sum += l;
-  return sum;
-}
-
-// acc[0, 8 * NR) += p[c] * v[c][0, 8 * NR) over the columns, held in registers meanwhile.
-template <int NR>
-NPA_AVX2 void accumulate_lanes(float* acc, const float* p, const float* v, int64_t cols,
-                               int64_t dh) {
-  __m256 a[NR];
-  for (int i = 0; i < NR; ++i) a[i] = _mm256_loadu_ps(acc + i * LANES);
-  for (int64_t c = 0; c < cols; ++c) {
-    if (p[c] == 0.0f) continue;
-    const __m256 pc = _mm256_set1_ps(p[c]);
-    const float* vc = v + c * dh;
-    for (int i = 0; i < NR; ++i) a[i] = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + i * LANES), a[i]);
-  }
-  for (int i = 0; i < NR; ++i) _mm256_storeu_ps(acc + i * LANES, a[i]);
-}
-
-NPA_AVX2 void accumulate_avx2(float* acc, const float* p, const float* v, int64_t cols,
-                              int64_t dh) {
-  using Lanes = void (*)(float*, const float*, const float*, int64_t, int64_t);
-  static constexpr Lanes BY_WIDTH[8] = {
-      nullptr,             accumulate_lanes<1>, accumulate_lanes<2>, accumulate_lanes<3>,
-      accumulate_lanes<4>, accumulate_lanes<5>, accumulate_lanes<6>, accumulate_lanes<7>};
-  const int64_t body = dh / LANES * LANES;
-  int64_t d = 0;
-  for (; d + 8 * LANES <= body; d += 8 * LANES) accumulate_lanes<8>(acc + d, p, v + d, cols, dh);
-  if (d < body) BY_WIDTH[(body - d) / LANES](acc + d, p, v + d, cols, dh);
-  for (int64_t c = 0; c < cols && body < dh; ++c) {
-    if (p[c] == 0.0f) continue;
-    for (int64_t t = body; t < dh; ++t) acc[t] = std::fma(p[c], v[c * dh + t], acc[t]);
-  }
-}
-
-const AttnKernels AVX2{scores_avx2, softmax_avx2, accumulate_avx2, "avx2"};
-
-const AttnKernels& chosen() {
-  static const AttnKernels* k = [] {
-    const char* force = std::getenv("NPUCHAT_KERNEL_ISA");
-    if (force != nullptr && std::string(force) == "scalar") return &SCALAR;
-    __builtin_cpu_init();
-    const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return ok ? &AVX2 : &SCALAR;
-  }();
-  return *k;
-}
-
-struct Job {
-  const AttnKernels* kern;
-  const float *q, *k, *v, *mask;
-  float* y;
-  float hidden;
-  int64_t hkv, rows, s, c, a, dh, row_tasks;
-};
-
-// Rows [r0, r1) of one (batch, KV head): their scores over A slots in blocks of BLOCK_COLS (the
-// block's K rows shared by the row group), softmax per row, then P.V block by block.
-void run_task(void* data, size_t t) {
+// Rows in groups of up to two vectors (16 rows) sharing a span of slots: scores block by block
+// of BLOCK_COLS slots (the block's K rows in L1 for every group), the mask and softmax per
+// vector, P.V block by block, then each lane's row divided by its sum.
+NPA_AVX2 void run_task_avx2(void* data, size_t t) {
   const Job& j = *static_cast<const Job*>(data);
-  const int64_t bh = static_cast<int64_t>(t) / j.row_tasks;
-  const int64_t r0 = (static_cast<int64_t>(t) % j.row_tasks) * ROWS_PER_TASK;
-  const int64_t r1 = std::min(j.rows, r0 + ROWS_PER_TASK);
-  const int64_t b = bh / j.hkv;
-  const int64_t padded = (j.a + LANES - 1) / LANES * LANES;
-  const float* kh = j.k + bh * j.c * j.dh;
-  const float* vh = j.v + bh * j.c * j.dh;
-  std::vector<float> scores(static_cast<size_t>((r1 - r0) * padded));
-  for (int64_t c0 = 0; c0 < j.a; c0 += BLOCK_COLS) {
-    const int64_t cols = std::min(BLOCK_COLS, j.a - c0);
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* mask = j.mask + (b * j.s + r % j.s) * j.a + c0;
-      float* out = scores.data() + (r - r0) * padded + c0;
-      // only the block's span from its first to its last visible slot is scored
-      int64_t lo = 0, hi = cols;
-      while (lo < cols && mask[lo] <= j.hidden) ++lo;
-      while (hi > lo && mask[hi - 1] <= j.hidden) --hi;
-      std::fill(out, out + cols, NEG_INF);
-      if (lo == hi) continue;
-      j.kern->scores(j.q + (bh * j.rows + r) * j.dh, kh + (c0 + lo) * j.dh, hi - lo, j.dh,
-                     mask + lo, out + lo);
-      for (int64_t c = lo; c < hi; ++c) {
-        if (mask[c] <= j.hidden) out[c] = NEG_INF;
+  const Rows rows(j, t);
+  const int64_t dh = j.dh, n = rows.n, nv = (n + LANES - 1) / LANES;
+  const float* kh = j.k + rows.bh * j.c * dh;
+  const float* vh = j.v + rows.bh * j.c * dh;
+  const auto [tlo, thi] = rows.span(0, n, j.a);
+  if (tlo >= thi) {  // nothing shown: zero rows
+    for (int64_t i = 0; i < n; ++i) std::fill(rows.y(j, i), rows.y(j, i) + dh, 0.0f);
+    return;
+  }
+  const int64_t width = thi - tlo, vq = dh * LANES, vs = width * LANES;
+  std::vector<float> qt(static_cast<size_t>(nv * vq), 0.0f), acc(qt.size(), 0.0f);
+  std::vector<float> scores(static_cast<size_t>(nv * vs));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* q = rows.q(j, i);
+    for (int64_t d = 0; d < dh; ++d) qt[(i / LANES) * vq + d * LANES + i % LANES] = q[d];
+  }
+  struct Group {
+    int64_t v0, nvec, lo, hi;
+  };
+  std::vector<Group> groups;
+  for (int64_t v0 = 0; v0 < nv; v0 += 2) {
+    const int64_t nvec = std::min<int64_t>(2, nv - v0);
+    const auto [lo, hi] = rows.span(v0 * LANES, (v0 + nvec) * LANES, j.a);
+    if (lo < hi) groups.push_back({v0, nvec, lo, hi});
+  }
+
+  for (int64_t c0 = tlo; c0 < thi; c0 += BLOCK_COLS) {
+    const int64_t c1 = std::min(thi, c0 + BLOCK_COLS);
+    for (const Group& g : groups) {
+      const int64_t lo = std::max(c0, g.lo), hi = std::min(c1, g.hi), wide = WIDE[g.nvec];
+      for (int64_t c = lo; c < hi; c += wide) {
+        const int64_t nc = std::min(wide, hi - c);
+        const auto& tiles = g.nvec == 2 ? DOTS2.data() : DOTS1.data();
+        tiles[nc - 1](qt.data() + g.v0 * vq, vq, kh + c * dh, dh,
+                      scores.data() + g.v0 * vs + (c - tlo) * LANES, vs);
       }
     }
   }
-  std::vector<float> sums(static_cast<size_t>(r1 - r0));
-  for (int64_t r = r0; r < r1; ++r) {
-    float* row = scores.data() + (r - r0) * padded;
-    std::fill(row + j.a, row + padded, NEG_INF);
-    sums[r - r0] = j.kern->softmax(row, padded);
-  }
-  float* out = j.y + (bh * j.rows + r0) * j.dh;
-  std::fill(out, out + (r1 - r0) * j.dh, 0.0f);
-  for (int64_t c0 = 0; c0 < j.a; c0 += BLOCK_COLS) {
-    const int64_t cols = std::min(BLOCK_COLS, j.a - c0);
-    for (int64_t r = r0; r < r1; ++r) {
-      j.kern->accumulate(out + (r - r0) * j.dh, scores.data() + (r - r0) * padded + c0,
-                         vh + c0 * j.dh, cols, j.dh);
+
+  std::vector<float> sums(static_cast<size_t>(nv * LANES), 0.0f);
+  const __m256 hidden = _mm256_set1_ps(j.hidden), neg_inf = _mm256_set1_ps(NEG_INF);
+  for (const Group& g : groups) {
+    for (int64_t v = g.v0; v < g.v0 + g.nvec; ++v) {
+      // the lanes' mask rows: up to four runs of lanes sharing one (broadcasts and blends),
+      // else a gather
+      const int64_t first = v * LANES, last = std::min(n, first + LANES) - 1;
+      const float* run_row[LANES];
+      __m256 run_lanes[LANES];
+      int32_t offset[LANES];
+      int runs = 0;
+      for (int64_t l = 0; l < LANES; ++l) {
+        const int64_t i = std::min(first + l, last);  // lanes past the rows: unused copies
+        const float* row = rows.mask_row(j, i);
+        offset[l] = static_cast<int32_t>(row - rows.mask_row(j, first));
+        if (runs == 0 || row != run_row[runs - 1]) {
+          run_row[runs] = row;
+          run_lanes[runs] = _mm256_setzero_ps();
+          ++runs;
+        }
+        float bits[LANES];
+        _mm256_storeu_ps(bits, run_lanes[runs - 1]);
+        bits[l] = -0.0f;  // the sign bit selects the lane in a blend
+        run_lanes[runs - 1] = _mm256_loadu_ps(bits);
+      }
+      const __m256i offsets = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offset));
+      const float* mask = rows.mask_row(j, first);
+      float* s = scores.data() + v * vs - tlo * LANES;
+      __m256 max = neg_inf;
+      for (int64_t c = g.lo; c < g.hi; ++c) {
+        __m256 m;
+        if (runs <= 4) {
+          m = _mm256_broadcast_ss(run_row[0] + c);
+          for (int r = 1; r < runs; ++r) {
+            m = _mm256_blendv_ps(m, _mm256_broadcast_ss(run_row[r] + c), run_lanes[r]);
+          }
+        } else {
+          m = _mm256_i32gather_ps(mask + c, offsets, 4);
+        }
+        const __m256 x = _mm256_blendv_ps(_mm256_add_ps(_mm256_loadu_ps(s + c * LANES), m),
+                                          neg_inf, _mm256_cmp_ps(m, hidden, _CMP_LE_OQ));
+        _mm256_storeu_ps(s + c * LANES, x);
+        max = _mm256_max_ps(max, x);
+      }
+      // a lane whose every slot is hidden gets no weights (zeros, sum 0) instead of NaNs
+      max = _mm256_blendv_ps(max, _mm256_setzero_ps(), _mm256_cmp_ps(max, neg_inf, _CMP_EQ_OQ));
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t c = g.lo; c < g.hi; ++c) {
+        const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c * LANES), max));
+        _mm256_storeu_ps(s + c * LANES, e);
+        sum = _mm256_add_ps(sum, e);
+      }
+      _mm256_storeu_ps(sums.data() + v * LANES, sum);
     }
   }
-  for (int64_t r = r0; r < r1; ++r) {
-    if (sums[r - r0] == 0.0f) continue;  // every slot hidden: the zero row stays
-    float* o = out + (r - r0) * j.dh;
-    for (int64_t d = 0; d < j.dh; ++d) o[d] /= sums[r - r0];
+
+  for (int64_t c0 = tlo; c0 < thi; c0 += BLOCK_COLS) {
+    const int64_t c1 = std::min(thi, c0 + BLOCK_COLS);
+    for (const Group& g : groups) {
+      const int64_t lo = std::max(c0, g.lo), hi = std::min(c1, g.hi), wide = WIDE[g.nvec];
+      if (lo >= hi) continue;
+      const float* p = scores.data() + g.v0 * vs + (lo - tlo) * LANES;
+      for (int64_t d = 0; d < dh; d += wide) {
+        const int64_t nd = std::min(wide, dh - d);
+        const auto& tiles = g.nvec == 2 ? PV2.data() : PV1.data();
+        tiles[nd - 1](p, vs, vh + lo * dh + d, hi - lo, dh, acc.data() + g.v0 * vq + d * LANES,
+                      vq);
+      }
+    }
   }
+  for (int64_t i = 0; i < n; ++i) {
+    const float si = sums[i];
+    const float* a = acc.data() + (i / LANES) * vq + i % LANES;
+    float* out = rows.y(j, i);
+    for (int64_t d = 0; d < dh; ++d) out[d] = si == 0.0f ? 0.0f : a[d * LANES] / si;
+  }
+}
+
+using TaskFn = void (*)(void*, size_t);
+
+TaskFn chosen_task() {
+  static const TaskFn f = [] {
+    const char* force = std::getenv("NPUCHAT_KERNEL_ISA");
+    if (force != nullptr && std::string(force) == "scalar") return &run_task_scalar;
+    __builtin_cpu_init();
+    const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return ok ? &run_task_avx2 : &run_task_scalar;
+  }();
+  return f;
 }
 
 OrtStatusPtr error(OrtErrorCode code, const std::string& msg) {
@@ -336,14 +434,14 @@ struct AttentionKernel {
       return nullptr;
     }
     const int64_t row_tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-    Job job{&chosen(), q.GetTensorData<float>(), k.GetTensorData<float>(),
+    Job job{q.GetTensorData<float>(), k.GetTensorData<float>(),
             v.GetTensorData<float>(), mask.GetTensorData<float>(), out, hidden, hkv, rows, s, c, a, dh,
             row_tasks};
     const size_t tasks = static_cast<size_t>(b * hkv * row_tasks);
     if (tasks == 1) {
-      run_task(&job, 0);
+      chosen_task()(&job, 0);
     } else {
-      ctx.ParallelFor(run_task, tasks, 0, &job);
+      ctx.ParallelFor(chosen_task(), tasks, 0, &job);
     }
     return nullptr;
   }
