@@ -254,6 +254,13 @@ class Model:
         """Exchange two KV slots' contents (the scheduler keeps a batch's rows contiguous)."""
         self._kv.swap(a, b)
 
+    @property
+    def gguf(self) -> GGUFFile:
+        """The model file, open while the model is (the session reads its vocabulary here)."""
+        if self._gguf is None:
+            raise NpuchatError("the model is closed")
+        return self._gguf
+
     def close(self) -> None:
         if self._unbind is not None:
             self._unbind()  # the bindings go before the sessions (and the finalizer lets go)

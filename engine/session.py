@@ -114,11 +114,12 @@ class ChatSession:
             progress=progress,
             **model_kw,  # type: ignore[arg-type]
         )
-        from .gguf_reader import GGUFFile
-
-        with GGUFFile(path) as g:
-            tokenizer = Tokenizer.from_gguf(g)
-            template = ChatTemplate.from_gguf(g)
+        try:  # from the model's open file: parsing the GGUF again cost ~0.3 s on a 150k vocab
+            tokenizer = Tokenizer.from_gguf(model.gguf)
+            template = ChatTemplate.from_gguf(model.gguf)
+        except BaseException:
+            model.close()
+            raise
         return cls(
             model,
             tokenizer,
