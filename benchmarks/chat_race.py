@@ -10,8 +10,10 @@ the app opens (`open_concurrent_engine`, its public `ChatEngine` port) with the 
 (prefix reuse, lookup drafting). llama-server runs the same GGUF on the same threads with
 `-np 3` (a slot per conversation, each request pinned to its slot) and `cache_prompt`. Each
 side plays the script with its own replies in the history. Printed per turn: time to first
-token and wall; then total wall and process CPU time of each side (the npuchat process; the
-llama-server process) and their ratios, with the CPU model. Loading is not timed: npuchat builds
+token, wall and process CPU time (what to compare on a loaded machine), tokens, and what each side
+reused (npuchat: prompt tokens reused, lookup drafts accepted; llama-server: cached tokens); then
+total wall and process CPU time of each side (the npuchat process; the llama-server process) and
+their ratios, with the CPU model. Loading is not timed: npuchat builds
 its graphs into a private cache first (so no prefixes of an earlier run exist), llama-server
 answers /health first. One real-model process at a time: npuchat runs in a child process that
 exits before llama-server starts.
@@ -50,6 +52,7 @@ class Turn:
     tokens: int
     reply: str
     note: str = ""  # reused prompt tokens, drafted/accepted, llama's cached tokens
+    cpu_s: float = 0.0  # the side's process CPU time over the turn: what to read under load
 
 
 def cpu_model() -> str:
@@ -123,6 +126,7 @@ def npuchat_side(name: str, models_dir: Path, threads: int, tokens: int) -> dict
         msgs = tuple(ChatMessage(r, text) for r, text in _history(conv, turn, replies))  # type: ignore[arg-type]
         request = ChatRequest(f"c{conv}", SYSTEM_PROMPT, msgs, sampling)
         start, first, text, note, n = time.perf_counter(), 0.0, [], "", 0
+        cpu = time.process_time()
         for event in engine.generate(request, threading.Event()):
             if isinstance(event, TokenDelta):
                 n += len(event.ids)
@@ -136,9 +140,8 @@ def npuchat_side(name: str, models_dir: Path, threads: int, tokens: int) -> dict
                 sys.exit(f"npuchat failed at conversation {conv} turn {turn}: {event.message}")
         end = time.perf_counter()
         replies[(conv, turn)] = "".join(text)
-        turns.append(
-            Turn(conv, turn, (first or end) - start, end - start, n, replies[(conv, turn)], note)
-        )
+        ttft, reply = (first or end) - start, replies[(conv, turn)]
+        turns.append(Turn(conv, turn, ttft, end - start, n, reply, note, time.process_time() - cpu))
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     figures = {
         "load_s": load_s,
@@ -228,7 +231,7 @@ def llama_side(server: str, gguf: Path, threads: int, tokens: int) -> dict[str, 
                     "cache_prompt": True,
                     "id_slot": conv,
                 }
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), _proc_cpu_s(proc.pid)
                 ttft, text, timings = _post_stream(base + "/v1/chat/completions", body)
                 wall = time.perf_counter() - start
                 replies[(conv, turn)] = text
@@ -236,7 +239,8 @@ def llama_side(server: str, gguf: Path, threads: int, tokens: int) -> dict[str, 
                     f"cached {timings.get('cache_n', '?')}, prompt {timings.get('prompt_n', '?')}"
                 )
                 n = int(timings.get("predicted_n", 0))
-                turns.append(Turn(conv, turn, ttft, wall, n, text, note))
+                cpu = _proc_cpu_s(proc.pid) - cpu
+                turns.append(Turn(conv, turn, ttft, wall, n, text, note, cpu))
             cpu_s, wall_s = _proc_cpu_s(proc.pid) - cpu0, time.perf_counter() - wall0
         finally:
             proc.terminate()
@@ -250,15 +254,18 @@ def llama_side(server: str, gguf: Path, threads: int, tokens: int) -> dict[str, 
 
 def report(npu: dict[str, Any] | None, llama: dict[str, Any] | None) -> None:
     sides = [(label, s) for label, s in (("npuchat", npu), ("llama-server", llama)) if s]
-    head = "turn        " + "".join(f"{label:>24}" for label, _ in sides)
-    print(head + "\n" + " " * 12 + "".join(f"{'TTFT s  wall s  tokens':>24}" for _ in sides))
+    head = "turn        " + "".join(f"{label:>30}" for label, _ in sides)
+    units = "TTFT s  wall s  CPU s  tokens"
+    print(head + "\n" + " " * 12 + "".join(f"{units:>30}" for _ in sides))
     for i, (conv, turn) in enumerate(ORDER):
         edit = " edit" if (conv, turn) in EDIT_TURNS else ""
         row = f"c{conv} t{turn}{edit:<6}"
         for _, s in sides:
             t = s["turns"][i]
-            row += f"{t['ttft_s']:>10.2f}{t['wall_s']:>8.2f}{t['tokens']:>6}"
-        print(row)
+            row += (
+                f"{t['ttft_s']:>10.2f}{t['wall_s']:>8.2f}{t.get('cpu_s', 0):>7.1f}{t['tokens']:>6}"
+            )
+        print(row + "   " + "; ".join(s["turns"][i].get("note", "") for _, s in sides))
     for label, s in sides:
         tokens = sum(t["tokens"] for t in s["turns"])
         print(
