@@ -53,7 +53,8 @@ Every op costs ~2–5 µs of dispatch on this CPU whatever its size, and SmolLM2
 token in a ~8 ms budget, so the graph is built for few ops: Q/K/V and gate/up are one fused
 matmul each, biases ride in `MatMulNBits`' bias input, attention's 1/√dh is folded into the Q
 weights, and on the CPU residual adds fuse into `SkipSimplifiedLayerNormalization`
-(`GraphSpec.fused_norms`; the NPU rejects that op and gets Add + norm).
+(`GraphSpec.fused_norms`; the NPU rejects that op and gets Add + norm). With the native kernels
+the norm and its residual Add go into the QMatMul that reads them (`graph_ops.normed_linear`).
 
 Sliding-window layers may keep a ring of their own size instead of C rows (`GraphSpec.ring`,
 `kv_ring`): their `past_*_i` are `[B, Hkv, W, dh]`, their mask (`mask_swa`, or `mask` when every
@@ -91,7 +92,16 @@ from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_attention import attend_inplace, attend_split
 from .graph_inputs import GraphDims, GraphSpec, graph_io
-from .graph_ops import Graph, RowPad, gated_mlp, linear
+from .graph_ops import (
+    Graph,
+    Norm,
+    RowPad,
+    fuses_norm,
+    gated_mlp,
+    glu_fuses,
+    linear,
+    normed_linear,
+)
 from .graph_weights import WEIGHTS_FILE, Weights, llama_rope_permutation, write_weights
 from .kv_smoothing import graph_layout, k_smoothing
 from .layer_inputs import MASK_NEG, rope_tables
@@ -110,7 +120,7 @@ __all__ = [
 ]
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "16"
+BUILDER_VERSION = "17"
 OPSET = 23  # RotaryEmbedding
 
 
@@ -167,6 +177,8 @@ def make_graph(
                 splits[rows] = gr.op("Concat", [cap, seq], axis=0)
         return splits[rows]
 
+    fuse_norms = spec.fused_norms and spec.native_kernels  # into QMatMul (`normed_linear`)
+
     def norm(x: str, weight: str, delta: str | None) -> tuple[str, str]:
         """RMSNorm of `x + delta`; returns (normed, new residual stream)."""
         if delta is None:
@@ -222,8 +234,11 @@ def make_graph(
     for i, layer in enumerate(weights.layers):
         local = bool(cfg.swa_layers) and cfg.swa_layers[i]
         mask = masks[local and cfg.mixed_windows]
-        n1, x = norm(x, layer.attn_norm, delta)
-        qkv = linear(gr, n1, layer.qkv, level, pad)
+        if fuse_norms and delta is not None and fuses_norm(layer.qkv):
+            qkv, x = normed_linear(gr, x, Norm(layer.attn_norm, eps, delta), layer.qkv)
+        else:
+            n1, x = norm(x, layer.attn_norm, delta)
+            qkv = linear(gr, n1, layer.qkv, level, pad)
         if spec.row_select:  # back to the B·S rows attention takes
             qkv = gr.op("Gather", [qkv, "row_tokens"], axis=0)
         q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
@@ -257,16 +272,24 @@ def make_graph(
         if spec.row_select:
             att = gr.op("Gather", [att, "token_rows"], axis=0)
         attn_out = post_norm(linear(gr, att, layer.out, level, pad), layer.post_attn_norm)
-        n2, x = norm(x, layer.ffn_norm, attn_out)
-        act = gated_mlp(gr, n2, layer.gate_up, cfg.ffn_dim, cfg.activation, level, pad)
+        if fuse_norms and glu_fuses(layer.gate_up, cfg.activation):
+            ffn_norm = Norm(layer.ffn_norm, eps, attn_out)
+            act, x = normed_linear(gr, x, ffn_norm, layer.gate_up, glu=True)
+        else:
+            n2, x = norm(x, layer.ffn_norm, attn_out)
+            act = gated_mlp(gr, n2, layer.gate_up, cfg.ffn_dim, cfg.activation, level, pad)
         delta = post_norm(linear(gr, act, layer.down, level, pad), layer.post_ffn_norm)
 
     # Only the requested rows reach the final norm and the LM head.
     rows_x = gr.op("Gather", [x, "logit_rows"], axis=0)
     rows_d = gr.op("Gather", [delta, "logit_rows"], axis=0) if delta else None
-    fin, _ = norm(rows_x, weights.out_norm, rows_d)
-    head_pad = RowPad(gr.op("Shape", ["logit_rows"])) if spec.row_padding else None
-    logits = linear(gr, fin, weights.lm_head, level, head_pad)
+    if fuse_norms and rows_d is not None and fuses_norm(weights.lm_head):
+        out_norm = Norm(weights.out_norm, eps, rows_d)
+        logits, _ = normed_linear(gr, rows_x, out_norm, weights.lm_head)
+    else:
+        fin, _ = norm(rows_x, weights.out_norm, rows_d)
+        head_pad = RowPad(gr.op("Shape", ["logit_rows"])) if spec.row_padding else None
+        logits = linear(gr, fin, weights.lm_head, level, head_pad)
     gr.nodes.append(helper.make_node("Identity", [logits], ["logits"]))
 
     used = {name for node in gr.nodes for name in node.input}

@@ -26,6 +26,7 @@ quantized activation moves it by a whole step; measured on SmolLM2 and Qwen2.5-0
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .graph_weights import Linear
 
-__all__ = ["Graph", "RowPad", "linear"]
+__all__ = ["Graph", "Norm", "RowPad", "fuses_norm", "glu_fuses", "linear", "normed_linear"]
 
 
 class Graph:
@@ -135,13 +136,30 @@ class RowPad:
         return self.pad(gr, x) if _kernel_rows_matter(lin) else self.unpad(gr, x)
 
 
-def qmatmul(gr: Graph, x: str, lin: Linear, glu: bool = False) -> str:
+@dataclass(frozen=True)
+class Norm:
+    """RMSNorm(x + skip) * weight, applied by the QMatMul that reads it (`normed_linear`)."""
+
+    weight: str
+    eps: float
+    skip: str  # the residual added to x first
+
+
+def qmatmul(
+    gr: Graph, x: str, lin: Linear, glu: bool = False, norm: Norm | None = None, sums: bool = False
+) -> Any:
     """`npuchat.QMatMul` on `lin`'s blocks, its bias added by the op (the same float sum as an
-    Add after it, one op fewer); `glu`: `lin` is gate|up and the op gives silu(gate) * up."""
+    Add after it, one op fewer); `glu`: `lin` is gate|up and the op gives silu(gate) * up;
+    `norm`: the op reads `norm` of `x` (and with `sums`, also returns x + skip: (y, sum))."""
     extra: dict[str, Any] = {"glu": 1} if glu else {}
+    ins = [x, lin.b] + ([lin.bias] if lin.bias else [])
+    if norm is not None:  # no skip: `x` is already the sum
+        ins = [x, lin.b, lin.bias, norm.skip if sums else "", norm.weight]
+        extra["epsilon"] = float(norm.eps)
     return gr.op(
         "QMatMul",
-        [x, lin.b] + ([lin.bias] if lin.bias else []),
+        ins,
+        n_out=2 if sums else 1,
         domain=KERNEL_DOMAIN,
         ggml_type=lin.ggml_type,
         N=lin.n,
@@ -150,6 +168,35 @@ def qmatmul(gr: Graph, x: str, lin: Linear, glu: bool = False) -> str:
         scaled_rows=lin.scaled_rows,
         **extra,
     )
+
+
+def fuses_norm(lins: Sequence[Linear]) -> bool:
+    """Whether every group of a matmul runs on QMatMul, which then applies the norm before it
+    itself (`normed_linear`)."""
+    return bool(lins) and all(lin.ggml_type for lin in lins)
+
+
+def normed_linear(
+    gr: Graph, x: str, norm: Norm, lins: Sequence[Linear], glu: bool = False
+) -> tuple[str, str]:
+    """`linear` of `norm`(x) for groups that all run on QMatMul (`fuses_norm`): each op
+    normalises its input itself, so the `SkipSimplifiedLayerNormalization` leaves the graph
+    (one dispatch fewer per norm; no normed copy of the residual stream written and read back),
+    with the same bits: the op sums, norms and scales as ONNX Runtime's does. The first group
+    adds the skip and returns the sum; later groups read that sum. Returns (y, x + skip)."""
+    outs = []
+    y, stream = qmatmul(gr, x, lins[0], glu, norm, sums=True)
+    outs.append(y)
+    for lin in lins[1:]:
+        outs.append(qmatmul(gr, stream, lin, glu, norm))
+    out = outs[0] if len(outs) == 1 else gr.op("Concat", outs, axis=-1)
+    return out, stream
+
+
+def glu_fuses(gate_up: Sequence[Linear], activation: str) -> bool:
+    """Whether one QMatMul computes the MLP's silu(gate) * up itself (`gated_mlp`)."""
+    one = len(gate_up) == 1 and bool(gate_up[0].ggml_type) and gate_up[0].scaled_rows == 0
+    return one and activation != "gelu_tanh"
 
 
 def gated_mlp(
@@ -162,8 +209,7 @@ def gated_mlp(
     per layer: the dispatch is a measurable share of a small model's decode step); anything
     else runs the matmul, a Split and the activation's ops.
     """
-    fused = len(gate_up) == 1 and gate_up[0].ggml_type and gate_up[0].scaled_rows == 0
-    if fused and activation != "gelu_tanh":
+    if glu_fuses(gate_up, activation):
         xin = x if pad is None else pad.unpad(gr, x)
         return qmatmul(gr, xin, gate_up[0], glu=True)
     gu = linear(gr, x, gate_up, level, pad, keep_pad=True)

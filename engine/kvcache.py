@@ -65,6 +65,7 @@ class KVCache:
         if self.sliding and len(self.sliding) != n_layers:
             raise NpuchatError("the sliding-layer flags must name every layer")
         self.ring = RingShape(window, step_rows) if any(self.sliding) else None
+        self._ring_layers = sum(self.sliding) if self.ring else 0
         self.floors = RingFloors(self.ring, self.rows)  # first positions the rings hold
         self.capacity = 0
         self.data: np.ndarray = np.zeros(0, self.dtype)  # every buffer, flat
@@ -122,8 +123,9 @@ class KVCache:
         """Bytes of all rows at `capacity` (int8: with their scales; ring layers: their ring)."""
         return self.bytes_per_token // self.n_layers * self._slots(capacity) * self.rows
 
-    def _slots(self, capacity: int) -> int:  # slots of one row in all layers at `capacity`
-        return sum(self.layer_rows(i, capacity) for i in range(self.n_layers))
+    def _slots(self, capacity: int) -> int:  # of one row in all layers (O(1): every step asks)
+        ring = self.ring.rows(capacity) * self._ring_layers if self.ring else 0
+        return ring + (self.n_layers - self._ring_layers) * capacity
 
     def _data_bytes(self, capacity: int) -> int:
         """Bytes of the K/V values alone (the reserved buffer) at `capacity`."""

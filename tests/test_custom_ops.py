@@ -14,10 +14,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from gguf.quants import dequantize
+from onnx import TensorProto, helper, numpy_helper
 from qmatmul_check import K, N, blocks, reference, relative_errors, session, weights
 from synthetic import ggml_type
 
-from npuchat.engine.custom_ops import kernel_library
+from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.kernel_build import build_kernels
 
@@ -108,6 +109,51 @@ def test_the_bias_and_the_fused_swiglu(name: str) -> None:
     assert np.abs(y - expected).max() / np.abs(expected).max() < TOLERANCE
     for i in range(9):
         assert np.array_equal(glu.run(None, {"x": x[i : i + 1]})[0][0], y[i])
+
+
+def _normed_session(raw: np.ndarray, qtype: int, norm: np.ndarray, outputs: int = 2):
+    """QMatMul reading RMSNorm(x + skip) * norm, with the sum as a second output."""
+    node = helper.make_node(
+        "QMatMul", ["x", "w", "", "skip", "norm"], ["y", "sum"][:outputs], domain=DOMAIN,
+        ggml_type=int(qtype), N=raw.shape[0], K=K, scale=1.0, scaled_rows=0, epsilon=1e-5,
+    )  # fmt: skip
+    values = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "skip")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "sum")]
+    inits = [numpy_helper.from_array(raw, "w"), numpy_helper.from_array(norm, "norm")]
+    graph = helper.make_graph([node], "normed", values, outs[:outputs], inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)]
+    )
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    register_kernels(so, kernel_library())
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", ["q4_1", "q6_k"])
+def test_the_fused_residual_add_and_rms_norm(name: str) -> None:
+    """With skip and norm inputs the op reads RMSNorm(x + skip) * norm and gives x + skip as
+    its second output: numpy's numbers (the norm in float64), a row alone as among others."""
+    qtype = ggml_type(name)
+    raw = blocks(weights(), qtype)
+    rng = np.random.default_rng(8)
+    x, skip = (rng.standard_normal((9, K)).astype(np.float32) for _ in range(2))
+    norm = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    s = _normed_session(raw, qtype, norm)
+    y, summed = s.run(None, {"x": x, "skip": skip})
+    assert np.array_equal(summed, x + skip)
+    h = (x + skip).astype(np.float64)
+    normed = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5) * norm
+    ref = reference(normed.astype(np.float32), raw, qtype)
+    # a value a float ulp from a rounding edge may quantize one step apart: ~1e-4 of the output
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-3
+    for i in range(9):
+        alone = s.run(None, {"x": x[i : i + 1], "skip": skip[i : i + 1]})
+        assert np.array_equal(alone[0][0], y[i]) and np.array_equal(alone[1][0], summed[i])
+    with pytest.raises(Exception, match="norm must hold K = 512"):
+        _normed_session(raw, qtype, norm[:-1]).run(None, {"x": x, "skip": skip})
+    with pytest.raises(Exception, match="skip must have x's shape"):
+        s.run(None, {"x": x, "skip": skip[:2]})
 
 
 def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:

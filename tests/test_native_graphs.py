@@ -98,6 +98,32 @@ def test_verify_equals_decode_and_batched_equals_alone_bit_for_bit(
         assert np.array_equal(both[0], alone) and np.array_equal(both[1], alone)
 
 
+@pytest.mark.parametrize("case", ["qwen2-q4_k_m", "llama-q4_1"])
+def test_norms_fused_into_the_matmuls_change_no_bit(
+    synthetic_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """QMatMul applies each residual add + RMSNorm itself (the norm ops leave the graph) with
+    the bits of ONNX Runtime's SkipSimplifiedLayerNormalization: the logits of a prefill and of
+    decode steps equal those of the graph that keeps the norm ops (qwen2: Q|K and V are two
+    groups, the second reading the first one's sum)."""
+    from npuchat.engine import graph_builder
+
+    arch, types = CASES[case]
+    path = synthetic_gguf(arch, types)
+    ids = _ids(256, 24)
+    runs = {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(graph_builder, "fuses_norm", lambda lins: False)
+            monkeypatch.setattr(graph_builder, "glu_fuses", lambda gate_up, act: False)
+        with Model.load(path, cache_dir=tmp_path / str(fused), prefill_chunk=16) as m:
+            norms = _ops(m)["SkipSimplifiedLayerNormalization"]
+            assert norms == (0 if fused else 2 * m.config.n_layers)
+            runs[fused] = [m.prefill(ids[:20])] + [m.decode(t) for t in ids[20:]]
+    for a, b in zip(runs[True], runs[False], strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_off_keeps_matmulnbits(synthetic_gguf, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("NPUCHAT_KERNELS", "off")
     path = synthetic_gguf("qwen2", "q4_k")

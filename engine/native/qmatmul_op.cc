@@ -2,12 +2,16 @@
 // quantized blocks (one row of blocks per output feature), read in place.
 //
 //   inputs:  x float32 [..., K]; W uint8, N rows of K / block_elems blocks (any shape, N * row
-//            bytes in all); optional bias float32 [N], added to the product
+//            bytes in all); optional bias float32 [N], added to the product; optional skip
+//            float32 [..., K], added to x first; optional norm float32 [K]: the matmul reads
+//            RMSNorm(x (+ skip)) * norm instead of x (the norm op before it, and its residual Add)
 //   attrs:   ggml_type (the block type), N, K; scale, scaled_rows: outputs n < scaled_rows are
 //            multiplied by scale (a fused Q|K|V matmul folds attention's 1/sqrt(dh) into Q);
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
-//            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces)
-//   output:  y float32 [..., N] (glu: [..., N / 2])
+//            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
+//            epsilon (optional, with norm): RMSNorm's epsilon
+//   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
+//            (the residual stream the next layer continues from)
 //
 // Every output element is one call of the same dot-product kernel on that row of x and that row
 // of W, whatever the number of rows and however the work is split across threads, so a row's
@@ -127,14 +131,39 @@ struct QuantJob {
   int64_t m, k;
   uint8_t* act;
   size_t act_row_bytes;
+  const float* skip;  // nullptr: none
+  const float* norm;  // nullptr: x is quantized as it is
+  float eps;
+  float* sum;  // x + skip, when the graph takes it (nullptr: not wanted)
 };
+
+// Row r's input to the matmul: x (+ skip), RMS-normed and scaled when the op has a norm, by
+// the arithmetic of ONNX Runtime's (Skip)SimplifiedLayerNormalization (float sums in order,
+// each value divided by the root, then scaled). `tmp` holds K floats; the row as read is
+// returned.
+const float* prepared_row(const QuantJob& j, int64_t r, float* tmp) {
+  const float* src = j.x + r * j.k;
+  if (j.skip != nullptr) {
+    const float* add = j.skip + r * j.k;
+    float* h = j.sum != nullptr ? j.sum + r * j.k : tmp;
+    for (int64_t i = 0; i < j.k; ++i) h[i] = src[i] + add[i];
+    src = h;
+  }
+  if (j.norm == nullptr) return src;
+  float squares = 0.0f;
+  for (int64_t i = 0; i < j.k; ++i) squares += src[i] * src[i];
+  const float root = std::sqrt(squares / static_cast<float>(j.k) + j.eps);
+  for (int64_t i = 0; i < j.k; ++i) tmp[i] = src[i] / root * j.norm[i];
+  return tmp;
+}
 
 void quantize_rows(void* data, size_t t) {
   const QuantJob& j = *static_cast<const QuantJob*>(data);
   const int64_t r1 = std::min(j.m, static_cast<int64_t>(t + 1) * QUANT_ROWS);
+  std::vector<float> tmp(j.skip != nullptr || j.norm != nullptr ? static_cast<size_t>(j.k) : 0);
   for (int64_t r = static_cast<int64_t>(t) * QUANT_ROWS; r < r1; ++r) {
     uint8_t* dst = j.act + static_cast<size_t>(r) * j.act_row_bytes;
-    const float* src = j.x + r * j.k;
+    const float* src = tmp.empty() ? j.x + r * j.k : prepared_row(j, r, tmp.data());
     if (j.super) {
       j.kern->quantize_supers(src, reinterpret_cast<ActSuper*>(dst), static_cast<int>(j.k));
     } else {
@@ -151,6 +180,7 @@ struct QMatMulKernel {
   int type = 0;
   int64_t n = 0, k = 0, scaled_rows = 0;
   float scale = 1.0f;
+  float eps = 0.0f;
   bool glu = false;
   size_t row_bytes = 0;
 
@@ -168,6 +198,11 @@ struct QMatMulKernel {
       glu_attr = 0;
     }
     if (glu_attr != 0 && glu_attr != 1) return error(ORT_INVALID_ARGUMENT, "glu must be 0 or 1");
+    absent = Ort::GetApi().KernelInfoGetAttribute_float(info, "epsilon", &eps);
+    if (absent != nullptr) {  // graphs without a fused norm
+      Ort::GetApi().ReleaseStatus(absent);
+      eps = 0.0f;
+    }
     glu = glu_attr == 1;
     const int bytes = npq::block_bytes(type);
     if (bytes == 0) return error(ORT_INVALID_ARGUMENT, "unsupported ggml_type " + std::to_string(type));
@@ -202,8 +237,9 @@ struct QMatMulKernel {
     if (w.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n) * row_bytes) {
       return error(ORT_INVALID_ARGUMENT, "W must hold N rows of K/block blocks");
     }
+    const size_t inputs = ctx.GetInputCount();
     const float* bias = nullptr;
-    if (ctx.GetInputCount() > 2) {
+    if (inputs > 2) {
       const Ort::ConstValue b = ctx.GetInput(2);
       if (b != nullptr) {
         if (b.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n)) {
@@ -212,10 +248,36 @@ struct QMatMulKernel {
         bias = b.GetTensorData<float>();
       }
     }
+    const float* skip = nullptr;
+    if (inputs > 3) {
+      const Ort::ConstValue sk = ctx.GetInput(3);
+      if (sk != nullptr) {
+        if (sk.GetTensorTypeAndShapeInfo().GetShape() != shape) {
+          return error(ORT_INVALID_ARGUMENT, "skip must have x's shape");
+        }
+        skip = sk.GetTensorData<float>();
+      }
+    }
+    const float* norm = nullptr;
+    if (inputs > 4) {
+      const Ort::ConstValue nw = ctx.GetInput(4);
+      if (nw != nullptr) {
+        if (nw.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(k)) {
+          return error(ORT_INVALID_ARGUMENT, "norm must hold K = " + std::to_string(k) + " values");
+        }
+        norm = nw.GetTensorData<float>();
+      }
+    }
+    float* sum = nullptr;
+    if (ctx.GetOutputCount() > 1) {
+      if (skip == nullptr) return error(ORT_INVALID_ARGUMENT, "the sum output needs a skip input");
+      sum = ctx.GetOutput(1, shape).GetTensorMutableData<float>();
+    }
     int64_t m = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-    shape.back() = glu ? n / 2 : n;
-    Ort::UnownedValue y = ctx.GetOutput(0, shape);
+    std::vector<int64_t> y_shape = shape;
+    y_shape.back() = glu ? n / 2 : n;
+    Ort::UnownedValue y = ctx.GetOutput(0, y_shape);
     if (m == 0) return nullptr;
 
     const Kernels& kern = chosen_kernels();
@@ -224,7 +286,7 @@ struct QMatMulKernel {
     const size_t act_row = super ? static_cast<size_t>(k / npq::QK_K) * sizeof(ActSuper)
                                  : static_cast<size_t>(k / npq::QK) * sizeof(ActBlock);
     std::vector<uint8_t> act(act_row * static_cast<size_t>(m));
-    QuantJob quant{&kern, super, xs, m, k, act.data(), act_row};
+    QuantJob quant{&kern, super, xs, m, k, act.data(), act_row, skip, norm, eps, sum};
     const size_t quant_tasks = static_cast<size_t>((m + QUANT_ROWS - 1) / QUANT_ROWS);
     if (quant_tasks == 1) {
       quantize_rows(&quant, 0);
@@ -263,15 +325,18 @@ struct QMatMulOp : Ort::CustomOpBase<QMatMulOp, QMatMulKernel, true> {
   }
   const char* GetName() const { return "QMatMul"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 3; }
+  size_t GetInputTypeCount() const { return 5; }  // x, W, bias, skip, norm
   ONNXTensorElementDataType GetInputType(size_t i) const {
     return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return i >= 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
-  size_t GetOutputTypeCount() const { return 1; }
+  size_t GetOutputTypeCount() const { return 2; }  // y, sum
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 1 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
 };
 
 }  // namespace
