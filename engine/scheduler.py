@@ -14,7 +14,7 @@ step* at a time:
 Before choosing, the scheduler waits a moment (`GATHER_S`) for every registered sequence to
 hand in its next step, so a batch holds all the streams that are running (a reply thread does a
 little host work, sampling and detokenizing, between steps). A sequence that is streaming (its
-last step was a decode), or whose prompt comes in parts (`Sequence.prefill(more=True)`: the
+last step was a decode), or whose prompt comes in parts (`Sequence.prefill(more=N)`: the
 session reports progress between parts), is waited for longer (`LATE_S`) than one that has not
 handed in its first step, and chunks stay small while anything streams: on a loaded machine a
 reply thread can miss a short window, and the step would then run without it (a smaller batch,
@@ -91,7 +91,7 @@ class StepScheduler(BatchedSteps):
         self._pending: list[Step] = []
         self._registered: dict[int, tuple[Sequence, int, threading.Event | None]] = {}
         self._streaming: dict[int, int] = {}  # id(seq) -> priority, last step a decode/verify
-        self._prompting: dict[int, bool] = {}  # id(seq): more of its prompt is coming
+        self._prompting: dict[int, int] = {}  # id(seq): tokens of its prompt still to come
         self._order = 0
         self._turn = 0  # engine steps run, for turn-taking
         self._last: StepKind | None = None
@@ -133,13 +133,14 @@ class StepScheduler(BatchedSteps):
 
     # ------------------------------------------------------------------ StepRunner
 
-    def prefill(self, seq: Sequence, ids: list[int], more: bool = False) -> np.ndarray:
+    def prefill(self, seq: Sequence, ids: list[int], more: int = 0) -> np.ndarray:
+        """`more`: tokens of the same prompt that follow in later parts (`Sequence.prefill`)."""
         with self._cv:
             if more:  # the rest of its prompt follows: wait for it as for a stream
-                self._prompting[id(seq)] = True
+                self._prompting[id(seq)] = more
             else:
                 self._prompting.pop(id(seq), None)
-        return self._submit(seq, "prefill", ids)
+        return self._submit(seq, "prefill", ids, more)
 
     def decode(self, seq: Sequence, token: int) -> np.ndarray:
         return self._submit(seq, "decode", [token])
@@ -152,13 +153,13 @@ class StepScheduler(BatchedSteps):
         with self.lock:
             yield
 
-    def _submit(self, seq: Sequence, kind: StepKind, ids: list[int]) -> np.ndarray:
+    def _submit(self, seq: Sequence, kind: StepKind, ids: list[int], more: int = 0) -> np.ndarray:
         with self._cv:
             if self._closed:
                 raise NpuchatError("the engine is closed")
             _, priority, cancel = self._registered.get(id(seq), (seq, INTERACTIVE, None))
             self._order += 1
-            step = Step(seq, kind, list(ids), priority, cancel, self._order)
+            step = Step(seq, kind, list(ids), priority, cancel, self._order, follows=more)
             self._pending.append(step)
             if kind == "prefill":
                 self._streaming.pop(id(seq), None)
@@ -263,6 +264,12 @@ class StepScheduler(BatchedSteps):
             return Choice("verify", [verifies[0]], True)
         return self._prefill_choice(prefills[0], full=True)
 
+    def _prompt_ended(self) -> bool:
+        """No prompt is being read in parts, nor waits: the room kept for one can go."""
+        with self._cv:
+            waiting = any(s.kind == "prefill" for s in self._pending)
+            return not waiting and not self._prompting
+
     def _prefill_choice(self, step: Step, full: bool) -> Choice:
         left = len(step.ids) - step.offset
         n = left if full else min(left, self.costs.chunk_tokens())
@@ -285,8 +292,11 @@ class StepScheduler(BatchedSteps):
                     kind = self._run_mixed(chosen)  # or decodes alone, the prompt waiting
                 else:
                     self._run_prefill(chosen.steps[0], chosen.tokens)
-                if chosen.finishes and chosen.steps[-1].kind == "prefill":
+                last = chosen.steps[-1]
+                if chosen.finishes and last.kind == "prefill" and not last.follows:
                     self._release_room()
+                elif self._room and self._prompt_ended():
+                    self._release_room()  # its next part never came (cancelled between)
             self._last = "prefill" if chosen.kind == "prefill" else "decode"
         except BaseException as exc:  # handed to the waiting request thread
             for step in chosen.steps:

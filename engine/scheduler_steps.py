@@ -36,6 +36,7 @@ class Step:
     result: np.ndarray | None = None
     error: BaseException | None = None
     offset: int = 0  # prefill: tokens already run
+    follows: int = 0  # prefill: tokens of the same prompt in parts still to come
 
 
 @dataclass
@@ -110,14 +111,16 @@ class BatchedSteps:
         return min(len(decodes), self.model.batch_max - 1)
 
     def _make_room(self, decodes: list[Step], prefill: Step, n: int) -> bool:
-        """Reserve the capacity the whole prompt needs (`Model.reserve`): False while its
+        """Reserve the capacity the whole prompt needs, the parts still to come too
+        (`Step.follows`; a session sends a long prompt in parts): False while its
         pages are still being faulted in off the step path (the streams decode meanwhile).
         The cache moves once, before the prompt's first chunk, while its rows hold little to
         copy; that costs the streams nothing after, since a step attends only the slots its
         rows reach (`Model.window`), not the capacity. (Growing with the prompt instead moved
         the cache at every variant it passed, each move copying more rows, at a step.)"""
         ends = [self.model.length(d.seq.row) + n for d in decodes]  # their pad slots too
-        end = self.model.length(prefill.seq.row) + len(prefill.ids) - prefill.offset
+        left = len(prefill.ids) - prefill.offset + prefill.follows  # the parts to come too
+        end = self.model.length(prefill.seq.row) + left
         need = max(end, *ends, self._room - _ROOM_SPARE)  # never less than before: the
         need = min(need + _ROOM_SPARE, self.model.max_capacity)  # cache must not move down
         ready = self.model.reserve(need)

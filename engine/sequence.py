@@ -42,7 +42,7 @@ PARKED = -1  # the row of a parked sequence
 class StepRunner(Protocol):
     """Who runs a sequence's model steps (module doc)."""
 
-    def prefill(self, seq: Sequence, ids: list[int], more: bool = False) -> np.ndarray: ...
+    def prefill(self, seq: Sequence, ids: list[int], more: int = 0) -> np.ndarray: ...
 
     def decode(self, seq: Sequence, token: int) -> np.ndarray: ...
 
@@ -57,7 +57,7 @@ class DirectRunner:
     def __init__(self) -> None:
         self._lock = threading.RLock()
 
-    def prefill(self, seq: Sequence, ids: list[int], more: bool = False) -> np.ndarray:
+    def prefill(self, seq: Sequence, ids: list[int], more: int = 0) -> np.ndarray:
         with self._lock:
             return seq.model.prefill(ids, row=seq.row)
 
@@ -102,9 +102,10 @@ class Sequence:
     def verify_k(self) -> int:
         return self.model.verify_k
 
-    def prefill(self, ids: Seq[int], more: bool = False) -> np.ndarray:
-        """Append `ids`; the logits after the last one. `more`: the caller prefills the next
-        part of the same prompt right after this one (the scheduler keeps the turn for it)."""
+    def prefill(self, ids: Seq[int], more: int = 0) -> np.ndarray:
+        """Append `ids`; the logits after the last one. `more`: tokens of the same prompt the
+        caller prefills right after this part (the scheduler keeps the turn for them, and
+        makes room for the whole prompt at once)."""
         ids = [int(t) for t in ids]
         try:
             logits = self.runner.prefill(self, ids, more)

@@ -352,7 +352,7 @@ class ChatSession:
         logits = None
         for start in range(0, len(todo), step):
             done = min(len(todo), start + step)
-            logits = seq.prefill(todo[start:done], more=done < len(todo))
+            logits = seq.prefill(todo[start:done], more=len(todo) - done)
             if done < len(todo):  # a long prompt: say how far its prefill is
                 elapsed = clock() - t_prefill
                 yield MetricsUpdate(

@@ -157,9 +157,11 @@ class Slots:
             s.row = b if s.row == a else a if s.row == b else s.row
 
 
-def run_paste(model: CostModel) -> tuple[list[float], float, float]:
+def run_paste(model: CostModel, part: int = PASTE) -> tuple[list[float], float, float]:
     """One stream decoding, a PASTE-token prompt arriving after 20 of its tokens: the stream's
-    gaps (scheduler clock) while the prompt is read, its usual gap, and when the prompt ended."""
+    gaps (scheduler clock) while the prompt is read, its usual gap, and when the prompt ended.
+    `part`: the prompt handed in parts of this many tokens, each saying how many follow, as a
+    session does (`ChatSession`: parts of the model's prefill chunk)."""
     stream, paste = SimpleNamespace(row=0, parked=None), SimpleNamespace(row=1, parked=None)
     sched = StepScheduler(model, Slots(model, [stream, paste]), clock=model.clock)  # type: ignore[arg-type]
     times: list[float] = []
@@ -181,7 +183,9 @@ def run_paste(model: CostModel) -> tuple[list[float], float, float]:
             time.sleep(0.001)
         start = model.clock()
         sched.register(paste, INTERACTIVE, None)
-        sched.prefill(paste, list(range(PASTE)))
+        ids = list(range(PASTE))
+        for i in range(0, PASTE, part):
+            sched.prefill(paste, ids[i : i + part], more=max(0, PASTE - i - part))
         end = model.clock()
         done.set()
         t.join(timeout=10)
@@ -234,6 +238,19 @@ def test_the_cache_moves_once_for_a_paste_and_the_steps_attend_what_their_rows_r
     assert model.mixed_window[0] == 512 and model.mixed_window[-1] == 2048
     assert model.mixed_window == sorted(model.mixed_window)
     assert max(model.decode_windows) < 2048, sorted(set(model.decode_windows))
+
+
+def test_a_prompt_sent_in_parts_moves_the_cache_once_too() -> None:
+    """A session hands a long prompt to the scheduler in parts of the prefill chunk, each
+    saying how many tokens follow: the room is made for the whole prompt before its first
+    chunk and kept between its parts. (Made for each part, the cache moved at every capacity
+    the prompt passed, 512 -> 1024 -> 2048, each move a step copying more rows, and a gap.)"""
+    model = CostModel()
+    during, usual, _ = run_paste(model, part=CostModel.prefill_chunk)
+    assert set(model.mixed_capacity) == {2048}, sorted(set(model.mixed_capacity))
+    assert len({r for r in model.reserved if r}) == 1, sorted(set(model.reserved))
+    assert model.reserved[-1] == 0  # given back once the last part was read
+    assert max(during) <= 2.0 * usual, max(during) / usual
 
 
 def test_chunks_keep_to_the_streams_usual_step_time_at_a_larger_window() -> None:
