@@ -62,6 +62,7 @@ class CpuSteps:
         local: tuple[np.ndarray, np.ndarray],
         real: Sequence[int] | None = None,
         run_options: ort.RunOptions | None = None,
+        logits_of: Sequence[bool] | None = None,
     ) -> np.ndarray:
         """One run: `embeddings` `[B, S, D]`, `cos`/`sin` `[B, S, dh/2]`, `positions` `[B, S]`
         (the slots the new rows go to, in cache rows `first_row..+B`); logits of the last
@@ -71,13 +72,15 @@ class CpuSteps:
         of each sequence's S rows are tokens (the last ones; the others are left padding the
         matmuls skip, `graph_builder`); all when None. `run_options`: a run that can be ended
         early (`run_abort`). Attention reads the slots the rows reach, as a capacity variant
-        (`kv_layout.attention_window`), not the whole cache."""
+        (`kv_layout.attention_window`), not the whole cache. `logits_of` (with `real`): which
+        sequences get logits (all when None); the others skip the vocabulary matmul."""
         b, s = embeddings.shape[:2]
         kv = self.kv
         window = attention_window(kv.capacities, kv.capacity, int(positions.max()) + 1)
-        buf = self._bind(b, s, b * logit_rows, pad, first_row, window)
+        wanted = b if logits_of is None else sum(map(bool, logits_of))
+        buf = self._bind(b, s, wanted * logit_rows, pad, first_row, window)
         if real is not None:
-            self._bind_rows(b, s, logit_rows, real)
+            self._bind_rows(b, s, logit_rows, real, logits_of)
         buf.embeddings[:] = embeddings
         buf.cos[:] = cos
         buf.sin[:] = sin
@@ -103,13 +106,18 @@ class CpuSteps:
         self.session.run_with_iobinding(self.io, run_options)  # K/V rows into the cache
         return buf.logits.copy()
 
-    def _bind_rows(self, b: int, s: int, per: int, real: Sequence[int]) -> None:
+    def _bind_rows(
+        self, b: int, s: int, per: int, real: Sequence[int], logits_of: Sequence[bool] | None
+    ) -> None:
         """Bind the row selection of a step whose sequences have `real[j]` tokens each (the
         last of their S rows): `token_rows`, `row_tokens` (a pad row copies its sequence's
         first token) and the logit rows among the N tokens. The step's own (identity) arrays
         are bound again by the next `_bind`."""
         if len(real) != b or not all(per <= k <= s for k in real):
             raise ValueError(f"real token counts {list(real)} do not fit {b} rows of {s}")
+        wanted = [True] * b if logits_of is None else [bool(w) for w in logits_of]
+        if len(wanted) != b or not any(wanted):
+            raise ValueError(f"logits of {list(wanted)} do not fit {b} rows")
         ends = np.cumsum(real)
         starts = ends - np.asarray(real)
         token_rows = np.concatenate([j * s + np.arange(s - k, s) for j, k in enumerate(real)])
@@ -119,7 +127,7 @@ class CpuSteps:
                 for a, k in zip(starts, real, strict=True)
             ]
         )
-        logit_rows = (ends[:, None] - per + np.arange(per)[None, :]).reshape(-1)
+        logit_rows = (ends[wanted, None] - per + np.arange(per)[None, :]).reshape(-1)
         value = ort.OrtValue.ortvalue_from_numpy
         self._row_values = [value(a.astype(np.int64)) for a in (token_rows, row_tokens, logit_rows)]
         for name, v in zip(

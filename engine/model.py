@@ -338,9 +338,13 @@ class Model:
     def mixes_steps(self) -> bool:  # `step_rows` runs on the CPU's symbolic graph only
         return self._npu is None
 
-    def step_rows(self, ids: Sequence[Sequence[int]], first_row: int = 0) -> np.ndarray:
+    def step_rows(
+        self, ids: Sequence[Sequence[int]], first_row: int = 0, want: Sequence[bool] | None = None
+    ) -> np.ndarray:
         """One step for rows `first_row ..`, each with its own new tokens (a decode token, or
-        a prefill chunk), in one graph run; logits after each row's last token `[B, vocab]`.
+        a prefill chunk), in one graph run; logits after each row's last token `[B, vocab]`,
+        or only the rows `want` says (a prompt's chunk before its last skips the vocabulary
+        matmul).
 
         Shorter rows are left-padded (`row_inputs`): each real row is computed as in a step
         of its own. The matmuls skip the pad rows (`CpuSteps.run`'s `real`).
@@ -356,9 +360,12 @@ class Model:
         kv.ensure(max(starts) + max(len(r) for r in rows_ids))  # pad slots are written too
         pos, emb = left_padded(rows_ids, starts, self.embed, self.config.d_model)
         cos, sin, local = self._rope(pos)
-        pad = 1 if self.exact_decode and b == 1 else 0  # one logit row
+        heads = b if want is None else sum(map(bool, want))
+        pad = 1 if self.exact_decode and heads == 1 else 0  # one logit row
         real = [len(r) for r in rows_ids]
-        logits = self._cpu.run(emb, cos, sin, pos, first_row, 1, pad, local, real=real)
+        logits = self._cpu.run(
+            emb, cos, sin, pos, first_row, 1, pad, local, real=real, logits_of=want
+        )
         for j, row_ids in enumerate(rows_ids):
             kv.lengths[first_row + j] += len(row_ids)
         return logits

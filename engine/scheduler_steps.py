@@ -67,7 +67,11 @@ class BatchedSteps:
         room = self.model.max_capacity - max(self.model.length(d.seq.row) for d in rows)
         left = len(prefill.ids) - prefill.offset
         window = self._mixed_window(rows, prefill, self.costs.mix_last)
-        fits = self.costs.mix_tokens(len(rows), self._own_window(rows), window)
+        own = self._own_window(rows)
+        fits = self.costs.mix_tokens(len(rows), own, window, head=False)
+        if left <= fits:  # the chunk would end the part: it computes the prompt's logits too
+            with_head = self.costs.mix_tokens(len(rows), own, window, head=True)
+            fits = left if with_head >= left else left - with_head  # that chunk comes next
         n = max(1, min(left, fits, room))
         return Choice("mixed", [*rows, prefill], prefill.offset + n >= len(prefill.ids), n)
 
@@ -150,11 +154,16 @@ class BatchedSteps:
         order = sorted(steps, key=lambda s: s.seq.row)
         chunk = prefill.ids[prefill.offset : prefill.offset + n]
         window = self._mixed_window(decodes, prefill, n)
+        # the prompt's logits only after the last chunk of its part (the vocabulary matmul is
+        # a good part of what a prompt token costs)
+        want = [s is not prefill or chosen.finishes for s in order]
         t0 = self.clock()
-        logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order])
-        self.costs.mixed(len(decodes), n, self.clock() - t0, window)
-        for j, step in enumerate(order):
-            step.result = logits[j]
+        logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order], 0, want)
+        self.costs.mixed(len(decodes), n, self.clock() - t0, window, chosen.finishes)
+        rows = iter(logits)
+        for step, wanted in zip(order, want, strict=True):
+            if wanted:
+                step.result = next(rows)
         prefill.offset += n
         if self.record_steps:
             self.steps.append(("mixed", (len(decodes), n), min(s.priority for s in steps)))

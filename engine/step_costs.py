@@ -35,6 +35,7 @@ _LONG_CHUNK = 32  # a prefill chunk this long says what a prompt token itself co
 _SAMPLES = 8  # mixed steps the line is fitted to, per (decode rows, window)
 
 Key = tuple[int, int]  # (decode rows, attention window)
+MixKey = tuple[int, int, bool]  # and whether the prompt's logits row is computed
 
 
 class StepCosts:
@@ -48,7 +49,7 @@ class StepCosts:
         self.decodes_at: dict[Key, int] = {}  # decode steps measured per key
         self.t_token: float | None = None  # seconds per token of a prefill chunk of its own
         self.t_long: float | None = None  # the same, of chunks of `_LONG_CHUNK` tokens or more
-        self.samples: dict[Key, deque[tuple[int, float]]] = {}  # mixed: (tokens, seconds)
+        self.samples: dict[MixKey, deque[tuple[int, float]]] = {}  # mixed: (tokens, seconds)
         self.mixed_run = 0  # mixed steps since the last plain decode step
         self.mix_last = _FIRST_MIX  # prompt tokens in the last mixed step
 
@@ -75,12 +76,15 @@ class StepCosts:
         if tokens >= _LONG_CHUNK:  # mostly the tokens' own cost, the weights' read spread thin
             self.t_long = ema(self.t_long, seconds / tokens, 0.3)
 
-    def mixed(self, decodes: int, tokens: int, seconds: float, window: int) -> None:
+    def mixed(
+        self, decodes: int, tokens: int, seconds: float, window: int, head: bool = True
+    ) -> None:
         """Learn what a mixed step of `decodes` decode rows and `tokens` prompt tokens,
-        attending `window` slots, costs (`_line`)."""
+        attending `window` slots, costs (`_line`); `head`: with the prompt's logits row (the
+        chunk that ends a part of the prompt), fitted apart."""
         self.mix_last = tokens
         self.mixed_run += 1
-        key = (decodes, window)
+        key = (decodes, window, head)
         self.samples.setdefault(key, deque(maxlen=_SAMPLES)).append((tokens, seconds))
 
     def needs_refresh(self, decodes: int, own: int) -> bool:
@@ -92,14 +96,15 @@ class StepCosts:
             known = True  # another row count is known here (`_decode_time`)
         return self.mixed_run >= REFRESH_EVERY or not known
 
-    def mix_tokens(self, decodes: int, own: int, window: int) -> int:
+    def mix_tokens(self, decodes: int, own: int, window: int, head: bool = True) -> int:
         """Prompt tokens a mixed step attending `window` slots, with `decodes` decode rows
         (whose own decode steps attend `own`), can carry: as many as the step's fitted time
         keeps within `MIX_TARGET` of their usual step, growing at most twofold a step (no
         overshoot on a first, lucky measurement), at least one. At a window not mixed at yet
-        it starts again from one token."""
+        it starts again from one token. `head`: a chunk that computes the prompt's logits row
+        (one that ends a part of the prompt)."""
         usual = self.usual.get(decodes, self._decode_time(decodes, own))
-        line = self._line(decodes, window)
+        line = self._line(decodes, window, head)
         if usual is None or line is None:
             return _FIRST_MIX if not self.samples else 1
         fixed, per_token = line
@@ -107,7 +112,7 @@ class StepCosts:
             per_token = max(per_token, 0.5 * self.t_long)
         budget = MIX_TARGET * usual
         fit = (budget - fixed) / per_token
-        samples = self.samples[(decodes, window)]
+        samples = self.samples[(decodes, window, head)]
         seen = {n for n, _ in samples}
         if len(seen) == 1 and max(t for _, t in samples) < budget:
             fit = max(fit, next(iter(seen)) + 1)  # one size seen, under budget: try one more
@@ -126,7 +131,7 @@ class StepCosts:
         known = [(abs(b - decodes), t) for (b, c), t in self.t_rows.items() if c == window]
         return self.t_rows.get((decodes, window), min(known)[1] if known else None)
 
-    def _line(self, decodes: int, window: int) -> tuple[float, float] | None:
+    def _line(self, decodes: int, window: int, head: bool) -> tuple[float, float] | None:
         """(fixed, per token) seconds of the recent mixed steps at this shape, `fixed + n *
         per_token`: the median of the slopes between pairs of steps of different sizes
         (Theil-Sen: one slow step among them, a busy moment, barely moves it), or, while a
@@ -134,7 +139,7 @@ class StepCosts:
         line through zero: dearer for larger chunks than the true one, so chunks err small).
         The whole step's time is fitted, not what it adds to a decode step: a difference of
         two noisy times let a loaded machine's slow decode step make the prompt look free."""
-        samples = self.samples.get((decodes, window))
+        samples = self.samples.get((decodes, window, head))
         if not samples:
             return None
         slopes = [

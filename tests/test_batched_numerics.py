@@ -73,7 +73,9 @@ def test_prefill_chunk_mixed_into_a_decode_step_equals_each_alone(
 ) -> None:
     """One graph run holding two decode tokens and a 9-token prefill chunk (rows left-padded
     to one length) gives each row the logits it gets alone, bit for bit; the padding leaves
-    nothing behind (the rows go on decoding exactly)."""
+    nothing behind (the rows go on decoding exactly). A chunk whose logits are not wanted
+    (`want`: not the last of its prompt) skips its logits row, and the rest is the same: the
+    decode rows' logits, then the prompt's next chunk after its K/V."""
     path = synthetic_gguf(arch, "q4_k")
     kw = {"cache_dir": tmp_path, "capacities": [64], "prefill_chunk": 16}
     a, b, c = _prompt(200, 6, 1), _prompt(200, 13, 2), _prompt(200, 20, 3)
@@ -89,17 +91,28 @@ def test_prefill_chunk_mixed_into_a_decode_step_equals_each_alone(
         m.rollback(0)
         want_c = [m.prefill(chunk), m.prefill(rest)]
     with Model.load(path, batch_max=4, **kw) as m:
+        for want in (None, [True, True, False]):
+            for r, ids in enumerate((a, b)):
+                m.rollback(0, row=r)
+                m.prefill(ids, row=r)
+            m.rollback(0, row=2)
+            mixed = m.step_rows([[7], [7], chunk], 0, want)
+            assert [m.length(r) for r in range(3)] == [len(a) + 1, len(b) + 1, len(chunk)]
+            assert len(mixed) == (3 if want is None else 2)
+            np.testing.assert_array_equal(mixed[0], want_a[1])
+            np.testing.assert_array_equal(mixed[1], want_b[1])
+            if want is None:
+                np.testing.assert_array_equal(mixed[2], want_c[0])
+            after = m.step_rows([[8], [8], rest])
+            np.testing.assert_array_equal(after[0], want_a[2])
+            np.testing.assert_array_equal(after[1], want_b[2])
+            np.testing.assert_array_equal(after[2], want_c[1])
+    with Model.load(path, batch_max=2, **kw) as m:  # one logits row left: the decode's own
         m.prefill(a, row=0)
-        m.prefill(b, row=1)
-        mixed = m.step_rows([[7], [7], chunk])
-        assert [m.length(r) for r in range(3)] == [len(a) + 1, len(b) + 1, len(chunk)]
+        mixed = m.step_rows([[7], chunk], 0, [True, False])
+        assert mixed.shape[0] == 1
         np.testing.assert_array_equal(mixed[0], want_a[1])
-        np.testing.assert_array_equal(mixed[1], want_b[1])
-        np.testing.assert_array_equal(mixed[2], want_c[0])
-        after = m.step_rows([[8], [8], rest])
-        np.testing.assert_array_equal(after[0], want_a[2])
-        np.testing.assert_array_equal(after[1], want_b[2])
-        np.testing.assert_array_equal(after[2], want_c[1])
+        np.testing.assert_array_equal(m.step_rows([[8], rest])[1], want_c[1])
 
 
 def test_rows_swap_with_their_contents(synthetic_gguf, tmp_path: Path) -> None:  # noqa: F811

@@ -25,8 +25,8 @@ DECODE_S = 0.040  # a decode step's fixed part (reading the weights)
 ROW_S = 0.002  # what each decode row adds
 TOKEN_S = 0.002  # what each prompt token adds to a mixed step's matmuls
 HEAD_S = 0.012  # a prompt row's one logits row (the vocabulary matmul), whatever its length
-ATTN_ROW_S = 0.004  # a row reading the cache's K/V, per 1,024 slots of its step's window
-ATTN_Q_S = 0.0002  # each query row's scores over the cache, per 1,024 slots
+ATTN_ROW_S = 0.004  # a row reading its K/V, per 1,024 of the slots it reaches (not the window)
+ATTN_Q_S = 0.0002  # each query row's scores over those slots, per 1,024
 FIRST_RUN_S = 0.030  # the first step after the cache moved (ONNX Runtime sizes its buffers)
 FIRST_WINDOW_S = 0.005  # the first step at a window (a few more buffers)
 CAPACITIES = (512, 1024, 2048, 4096)
@@ -36,10 +36,9 @@ PASTE = 1500
 class CostModel:
     """The `Model` surface the scheduler uses, with step costs added to a shared clock.
 
-    Every row of a step attends the step's window, the slots its longest row reaches (a
-    capacity variant, at most the capacity: the cost grows with it, as the real graph's
-    attention does), and in a mixed step the decode rows are padded to the chunk's length for
-    attention."""
+    Each row's attention costs the slots it reaches, whatever the step's window (the native
+    attention op reads each row's own span); a mixed step whose prompt chunk does not end its
+    part skips the prompt's logits row (`Model.step_rows`'s `want`)."""
 
     mixes_steps = True
     batch_max = 4
@@ -81,8 +80,8 @@ class CostModel:
         return next((c for c in CAPACITIES if slots <= c <= self.capacity), self.capacity)
 
     @staticmethod
-    def _attention(rows: int, queries: int, window: int) -> float:
-        return window / 1024 * (rows * ATTN_ROW_S + rows * queries * ATTN_Q_S)
+    def _attention(reach: int, queries: int) -> float:
+        return attention(reach, queries)
 
     def _first_run(self, window: int) -> float:
         """The first step over a moved cache, or at a window, also grows ONNX Runtime's
@@ -109,7 +108,8 @@ class CostModel:
         for r in rows:
             self.lengths[r] += 1
         b = len(tokens)
-        cost = DECODE_S + ROW_S * b + self._attention(b, 1, w) + self._first_run(w)
+        reads = sum(self._attention(self.lengths[r], 1) for r in rows)
+        cost = DECODE_S + ROW_S * b + reads + self._first_run(w)
         if self.slow_decodes and self.mixed_steps:
             self.decodes_beside += 1
             cost *= 4 if self.decodes_beside % 6 == 0 else 1
@@ -117,12 +117,17 @@ class CostModel:
         self.decode_windows.append(w)
         return np.zeros((len(tokens), 8), np.float32)
 
-    def step_rows(self, ids: list[list[int]], first_row: int = 0) -> np.ndarray:
+    def step_rows(
+        self, ids: list[list[int]], first_row: int = 0, want: list[bool] | None = None
+    ) -> np.ndarray:
         chunk = max(len(r) for r in ids)
         w = self.window(max(self.lengths[first_row + j] for j in range(len(ids))) + chunk)
         for j, r in enumerate(ids):
             self.lengths[first_row + j] += len(r)
-        cost = mixed_cost(chunk, w, len(ids) - 1) + self._first_run(w)  # one row a chunk
+        reads = sum(self._attention(self.lengths[first_row + j], len(r)) for j, r in enumerate(ids))
+        head = HEAD_S if want is None or all(want) else 0.0  # the prompt's logits row
+        cost = DECODE_S + ROW_S * (len(ids) - 1) + TOKEN_S * chunk + head + reads
+        cost += self._first_run(w)
         if len(self.mixed_steps) == self.slow_mixed_step:
             cost *= 10  # a burst of other work on the machine
         self.extra += cost
@@ -130,7 +135,7 @@ class CostModel:
         self.mixed_capacity.append(self.capacity)
         self.mixed_window.append(w)
         self.mixed_cost.append(cost)
-        return np.zeros((len(ids), 8), np.float32)
+        return np.zeros((len(ids) if want is None else sum(want), 8), np.float32)
 
     def prefill(self, ids: list[int], row: int = 0, run_options: object = None) -> np.ndarray:
         w = self.window(self.lengths[row] + len(ids))
@@ -139,10 +144,15 @@ class CostModel:
         return np.zeros(8, np.float32)
 
 
-def mixed_cost(tokens: int, window: int, decodes: int = 1) -> float:
-    """A mixed step: the decode rows and a `tokens` chunk, every row attending `window`."""
-    cost = DECODE_S + ROW_S * decodes + TOKEN_S * tokens + HEAD_S
-    return cost + CostModel._attention(decodes + 1, tokens, window)
+def attention(reach: int, queries: int) -> float:
+    """One row's attention over the `reach` slots it sees, for its `queries` new tokens."""
+    return reach / 1024 * (ATTN_ROW_S + queries * ATTN_Q_S)
+
+
+def mixed_cost(tokens: int, reach: int, stream: int, head: bool = False) -> float:
+    """A mixed step: one stream at `stream` slots and a `tokens` chunk reaching `reach`."""
+    cost = DECODE_S + ROW_S + TOKEN_S * tokens + (HEAD_S if head else 0.0)
+    return cost + attention(stream, 1) + attention(reach, tokens)
 
 
 class Slots:
@@ -197,21 +207,22 @@ def run_paste(model: CostModel, part: int = PASTE) -> tuple[list[float], float, 
     return during, usual, end - start
 
 
-USUAL_S = DECODE_S + ROW_S + 512 / 1024 * (ATTN_ROW_S + ATTN_Q_S)  # the stream's own step
+STREAM_AT = 24  # the stream's length when the paste comes (its prompt and 20 tokens)
+USUAL_S = DECODE_S + ROW_S + attention(STREAM_AT, 1)  # the stream's own step
 
 
 def budget_seconds() -> float:
     """The paste read in mixed steps beside one stream, each chunk filling what `MIX_TARGET`
     usual steps leave (at least one token), at the windows the paste passes through: what
     the chunk sizing should achieve, from the cost model's own figures."""
-    done, total = 0, 0.0
+    done, total, stream = 0, 0.0, STREAM_AT
     while done < PASTE:
-        w = next(c for c in CAPACITIES if c >= done + 24)
-        per_token = mixed_cost(1, w) - mixed_cost(0, w)
-        fit = int((MIX_TARGET * USUAL_S - mixed_cost(0, w)) / per_token)
+        per_token = mixed_cost(1, done + 1, stream) - mixed_cost(0, done, stream)
+        fit = int((MIX_TARGET * USUAL_S - mixed_cost(0, done, stream)) / per_token)
         n = max(1, min(PASTE - done, fit))
         done += n
-        total += mixed_cost(n, w)
+        total += mixed_cost(n, done, stream, head=done == PASTE)
+        stream += 1
     return total
 
 
