@@ -122,6 +122,8 @@ def _matmul_floor(graph_dir: Path, gguf: Path, threads: int | None) -> dict[str,
         if node.op_type in ("MatMulNBits", "QMatMul"):  # x, then the weights' inputs
             k = next(a.i for a in node.attribute if a.name == "K")
             x, weights = f"x{k}", list(node.input[1:])
+            if node.op_type == "QMatMul" and len(weights) > 2:  # a fused norm: no skip, x alone
+                weights[2] = ""
         elif node.op_type == "Gemm":  # block sums, offsets [N, K/32]; no C input
             k = inits[node.input[1]].dims[1]
             x, weights = f"b{k}", [node.input[1]]
