@@ -239,6 +239,9 @@ def session_options_for(
     spin = os.environ.get("NPUCHAT_ORT_SPIN")
     if spin is not None:  # benchmarking knob: spinning threads vs a busy machine
         so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    profile = os.environ.get("NPUCHAT_ORT_PROFILE")
+    if profile:  # benchmarking knob: ONNX Runtime's per-op trace, PREFIX*.json per session
+        so.enable_profiling, so.profile_file_prefix = True, profile
     return so
 
 
