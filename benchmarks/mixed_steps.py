@@ -11,15 +11,15 @@ One model with 2 KV slots: row 1 holds a stream of `--stream` tokens, row 0 a pr
 each of `--pastes` tokens (the rows' K/V are whatever the cache holds: attention costs the same
 whatever the values). For each prompt length it prints the median CPU time of the stream's
 decode step alone, of a batched decode of both rows, and of mixed steps carrying `--tokens`
-prompt tokens, each with attention over the slots the step's rows reach (`window`: what the
-engine runs) and over the whole capacity (`full`: every step before the attention window),
-and the ratios to the stream's decode step at its own window; `--chunk N`: also a prefill chunk of
-N tokens on the prompt's row alone. `--attention native,onnx` loads the model twice, once with
+prompt tokens (without the prompt's logits row, as the engine runs all but a part's last
+chunk), each with attention over the slots the step's rows reach (`window`: what the engine
+runs) and over the whole capacity (`full`: every step before the attention window), and the
+ratios to the stream's decode step at its own window; `--chunk N`: also a prefill chunk of N
+tokens on the prompt's row alone. `--attention native,onnx` loads the model twice, once with
 the native `npuchat.Attention` op (what a float32 cache on the native kernels runs) and once
 with ONNX Runtime's MatMul/Softmax subgraph, and measures the two alternately, round by round
-(the window mode only). `--profile` prints instead ONNX
-Runtime's time per op type for each kind of step at the longest prompt (profiled runs are
-slower; read the shares, not the sums).
+(the window mode only). `--profile` prints instead ONNX Runtime's time per op type for each
+kind of step at the longest prompt (profiled runs are slower; read the shares, not the sums).
 
 A script that prints figures, not a test: nothing here asserts.
 """
@@ -76,7 +76,8 @@ def steps(
     if paste:
         out["decode2"] = at(lambda: m.decode_batch([100, 101], first_row=0))
         for n in tokens:
-            out[f"mix{n}"] = at(lambda n=n: m.step_rows([list(range(100, 100 + n)), [7]]))
+            chunk = list(range(100, 100 + n))  # not a part's last: no logits row (the engine's)
+            out[f"mix{n}"] = at(lambda c=chunk: m.step_rows([c, [7]], 0, [False, True]))
         if chunk:
             out[f"chunk{chunk}"] = at(lambda: m.step_rows([list(range(100, 100 + chunk))]))
     return out
