@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from npuchat.engine.kv_pages import ReservedBuffer
 from npuchat.engine.kvcache import KVCache
 
 
@@ -70,3 +71,16 @@ def test_prepare_faults_the_pages_in_before_saying_ready() -> None:
     kv.hold(30)
     assert kv.capacity == 32
     assert all(np.array_equal(a, b) for a, b in zip(_rows(kv, [3, 2]), want, strict=True))
+
+
+def test_pages_are_faulted_in_at_a_fraction_of_a_core() -> None:
+    """The room for a long prompt is faulted in beside running steps: the prefault thread
+    idles between chunks (`PREFAULT_IDLE`), so it takes a fraction of a core, not a whole one
+    that the steps running meanwhile would miss."""
+    buffer = ReservedBuffer(16 << 20, np.dtype(np.float32))  # 64 MiB, none of it resident
+    wall, cpu = time.perf_counter(), time.process_time()
+    buffer.prefault(0, buffer.flat.size)
+    buffer.join()  # this thread waits without using the CPU
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert buffer.ready(0, buffer.flat.size)
+    assert cpu < 0.5 * wall, (cpu, wall)
