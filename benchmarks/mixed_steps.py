@@ -76,8 +76,8 @@ def steps(
     if paste:
         out["decode2"] = at(lambda: m.decode_batch([100, 101], first_row=0))
         for n in tokens:
-            chunk = list(range(100, 100 + n))  # not a part's last: no logits row (the engine's)
-            out[f"mix{n}"] = at(lambda c=chunk: m.step_rows([c, [7]], 0, [False, True]))
+            ids = list(range(100, 100 + n))  # not a part's last: no logits row (the engine's)
+            out[f"mix{n}"] = at(lambda c=ids: m.step_rows([c, [7]], 0, [False, True]))
         if chunk:
             out[f"chunk{chunk}"] = at(lambda: m.step_rows([list(range(100, 100 + chunk))]))
     return out
