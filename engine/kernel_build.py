@@ -45,7 +45,13 @@ _HEADER_FOLDER = (
     "package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers/"
 )
 SOURCE_DIR = Path(__file__).parent / "native"
-SOURCES = ("qdot_scalar.cc", "qdot_avx2.cc", "qmatmul_op.cc", "attention_op.cc")
+SOURCES = (
+    "qdot_scalar.cc",
+    "qdot_avx2.cc",
+    "qmatmul_op.cc",
+    "attention_op.cc",
+    "attention_avx2.cc",
+)
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"
 _TIMEOUT_S = 600
@@ -123,7 +129,7 @@ def _compiler() -> str:
 
 def _build_key(cxx: str) -> str:
     h = hashlib.sha256(HEADER_PACKAGE.encode() + b"+digest")  # builds that record their sha256
-    for name in (*SOURCES, "qblocks.h"):
+    for name in (*SOURCES, "qblocks.h", "attention.h"):
         h.update(name.encode())
         h.update((SOURCE_DIR / name).read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)

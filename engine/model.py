@@ -344,11 +344,8 @@ class Model:
         """One step for rows `first_row ..`, each with its own new tokens (a decode token, or
         a prefill chunk), in one graph run; logits after each row's last token `[B, vocab]`,
         or only the rows `want` says (a prompt's chunk before its last skips the vocabulary
-        matmul).
-
-        Shorter rows are left-padded (`row_inputs`): each real row is computed as in a step
-        of its own. The matmuls skip the pad rows (`CpuSteps.run`'s `real`).
-        """
+        matmul). Shorter rows are left-padded (`row_inputs`): each real row is computed as in
+        a step of its own. The matmuls skip the pad rows (`CpuSteps.run`'s `real`)."""
         rows_ids = [self._check_ids(r) for r in ids]
         b = len(rows_ids)
         if not b >= 1 or first_row + b > self.batch_max or not all(rows_ids):
@@ -363,9 +360,7 @@ class Model:
         heads = b if want is None else sum(map(bool, want))
         pad = 1 if self.exact_decode and heads == 1 else 0  # one logit row
         real = [len(r) for r in rows_ids]
-        logits = self._cpu.run(
-            emb, cos, sin, pos, first_row, 1, pad, local, real=real, logits_of=want
-        )
+        logits = self._cpu.run(emb, cos, sin, pos, first_row, 1, pad, local, real, None, want)
         for j, row_ids in enumerate(rows_ids):
             kv.lengths[first_row + j] += len(row_ids)
         return logits
