@@ -65,7 +65,7 @@ def test_kernels_stay_close_to_the_float_product() -> None:
         assert np.abs(y - exact).max() / np.abs(exact).max() < 0.02
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0"])
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0", "q4_1", "q4_0"])
 def test_a_row_is_the_same_alone_and_among_others(name: str) -> None:
     qtype = ggml_type(name)
     raw = blocks(weights(), qtype)
@@ -77,6 +77,21 @@ def test_a_row_is_the_same_alone_and_among_others(name: str) -> None:
         for i in range(rows):
             assert np.array_equal(together[i], alone[i]), (rows, i)
     assert np.array_equal(one.run(None, {"x": x})[0], two.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q8_0"])
+@pytest.mark.parametrize("k", [256, 1024])  # short rows go four at a time, long ones alone
+def test_one_row_equals_a_row_among_others_at_any_width(name: str, k: int) -> None:
+    """A decode step's single row takes the one-row kernels; its numbers are those of the same row
+    in a many-row call, for every output feature (75 of them: not a multiple of four)."""
+    qtype = ggml_type(name)
+    raw = blocks(weights(75, k, seed=7), qtype)
+    x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32)
+    y = session(raw, qtype, k, threads=1).run(None, {"x": x})[0]
+    assert np.abs(y - reference(x, raw, qtype)).max() / np.abs(y).max() < TOLERANCE
+    two = session(raw, qtype, k, threads=2)
+    for i in range(9):
+        assert np.array_equal(two.run(None, {"x": x[i : i + 1]})[0][0], y[i]), i
 
 
 def test_leading_dimensions_and_the_scaled_rows() -> None:

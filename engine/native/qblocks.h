@@ -120,6 +120,12 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 constexpr int MAX_ROWS = 8;  // eight, not four: the K types ran ~10-20% faster per row at eight
 using DotRows = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
 
+// One activation row x . `n` weight rows, `stride` bytes apart from w: out[i] = w_i . x, each by
+// the float steps DotRows takes for that pair (bit for bit), the rows' chains interleaved (a
+// decode step has one activation row: a block's multiply-add would otherwise wait on the last).
+using DotCols = void (*)(const uint8_t* w, size_t stride, const uint8_t* x, int n, int nb,
+                         float* out);
+
 // Row quantizers: k floats (a multiple of the block) -> k / block activation blocks. Every path
 // applies the same rule (d = max|x| / 127, q = x * (127 / max|x|) rounded half to even), so
 // activations are the same bytes on every machine; the AVX2 ones only do it 8 lanes at a time.
@@ -131,6 +137,7 @@ struct Kernels {
   DotRows q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
   QuantizeBlocks quantize_blocks;
   QuantizeSupers quantize_supers;
+  DotCols q4_0_cols, q4_1_cols, q5_0_cols, q8_0_cols, q4_k_cols, q6_k_cols;
 };
 
 const Kernels& scalar_kernels();

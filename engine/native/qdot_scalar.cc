@@ -133,6 +133,11 @@ void rows_of(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float*
   for (int r = 0; r < rows; ++r) out[r] = Dot(w, reinterpret_cast<const Act*>(x[r]), nb);
 }
 
+template <typename Act, float (*Dot)(const uint8_t*, const Act*, int)>
+void cols_of(const uint8_t* w, size_t stride, const uint8_t* x, int n, int nb, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = Dot(w + i * stride, reinterpret_cast<const Act*>(x), nb);
+}
+
 void quantize_blocks(const float* x, ActBlock* y, int k) {
   for (int b = 0; b < k / QK; ++b) {
     y[b].d = quantize_run(x + b * QK, y[b].qs, QK);
@@ -158,7 +163,13 @@ const Kernels& scalar_kernels() {
                          rows_of<ActSuper, dot_q4_k>,
                          rows_of<ActSuper, dot_q6_k>,
                          quantize_blocks,
-                         quantize_supers};
+                         quantize_supers,
+                         cols_of<ActBlock, dot_q4_0>,
+                         cols_of<ActBlock, dot_q4_1>,
+                         cols_of<ActBlock, dot_q5_0>,
+                         cols_of<ActBlock, dot_q8_0>,
+                         cols_of<ActSuper, dot_q4_k>,
+                         cols_of<ActSuper, dot_q6_k>};
   return k;
 }
 

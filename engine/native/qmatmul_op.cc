@@ -80,14 +80,51 @@ npq::DotRows kernel_for(const Kernels& k, int type) {
   }
 }
 
+npq::DotCols cols_for(const Kernels& k, int type) {
+  switch (type) {
+    case npq::Q4_0: return k.q4_0_cols;
+    case npq::Q4_1: return k.q4_1_cols;
+    case npq::Q5_0: return k.q5_0_cols;
+    case npq::Q8_0: return k.q8_0_cols;
+    case npq::Q4_K: return k.q4_k_cols;
+    default: return k.q6_k_cols;
+  }
+}
+
 // Output features [t * tile, (t + 1) * tile) for every row, in blocks of BLOCK_N weight rows:
 // within a block each group of MAX_ROWS activation rows meets every weight row while both sit
 // in L1 (a weight row is unpacked once per group; activations are read once per block).
 constexpr int64_t BLOCK_N = 16;
 
+// Output features [b0, b1) of one activation row x into y (that row's outputs): the same
+// numbers as the loop below gives a row among others (DotCols computes what DotRows does).
+void one_row(const Job& j, npq::DotCols cols, const uint8_t* x, int nb, int64_t b0, int64_t b1,
+             float* y) {
+  float out[BLOCK_N], up[BLOCK_N];
+  const int len = static_cast<int>(b1 - b0);
+  cols(j.w + static_cast<size_t>(b0) * j.row_bytes, j.row_bytes, x, len, nb, out);
+  if (!j.glu) {
+    for (int i = 0; i < len; ++i) {
+      const int64_t n = b0 + i;
+      const float s = n < j.scaled_rows ? j.scale : 1.0f;
+      y[n] = s * out[i] + (j.bias != nullptr ? j.bias[n] : 0.0f);
+    }
+    return;
+  }
+  const int64_t width = j.n / 2;  // up row width + n pairs with gate row n
+  cols(j.w + static_cast<size_t>(width + b0) * j.row_bytes, j.row_bytes, x, len, nb, up);
+  for (int i = 0; i < len; ++i) {
+    const int64_t n = b0 + i;
+    const float bias = j.bias != nullptr ? j.bias[n] : 0.0f;
+    const float bias_up = j.bias != nullptr ? j.bias[width + n] : 0.0f;
+    y[n] = swiglu(out[i] + bias, up[i] + bias_up);
+  }
+}
+
 void run_tile(void* data, size_t t) {
   const Job& j = *static_cast<const Job*>(data);
   const npq::DotRows dot = kernel_for(*j.kern, j.type);
+  const npq::DotCols cols = cols_for(*j.kern, j.type);
   const int nb = static_cast<int>(j.k / npq::block_elems(j.type));
   const int64_t width = j.glu ? j.n / 2 : j.n;  // output features
   const int64_t n0 = static_cast<int64_t>(t) * j.tile;
@@ -100,6 +137,10 @@ void run_tile(void* data, size_t t) {
       const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
       for (int i = 0; i < count; ++i) {
         rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
+      }
+      if (count == 1) {  // one activation row (a decode step): the block's weight rows at once
+        one_row(j, cols, rows[0], nb, b0, b1, j.y + r0 * width);
+        continue;
       }
       for (int64_t n = b0; n < b1; ++n) {
         const float s = n < j.scaled_rows ? j.scale : 1.0f;
