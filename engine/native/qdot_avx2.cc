@@ -253,29 +253,50 @@ NPQ_ROWS(Q6_KK, q6_k_rows<R>)
 // One activation row . C weight rows of a 32-element type: for each weight row the float steps of
 // blocks_rows (the same products, the same fma per block, the same offset sum and final hsum),
 // the C rows' chains side by side so that one block's fma need not wait on the last one's, and
-// the activation block loaded once for all C.
-template <int C, int Bytes, __m256i (*Unpack)(const uint8_t*), bool Signed, bool Offset>
+// the activation block loaded once for all C. `Shift` 0: signed weights (dot_i8); otherwise
+// `Unpack` gives them unsigned, plus 1 << Shift (Q4_0's 8, Q5_0's 16), maddubs multiplies them
+// directly and (1 << Shift) times the activations' sums per four lanes (once per block for all
+// C rows) is taken off: dot_i8's int32 lanes exactly, in fewer instructions per row.
+template <int C, int Bytes, __m256i (*Unpack)(const uint8_t*), int Shift, bool Offset>
 NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int nb, float* out) {
   const ActBlock* y = reinterpret_cast<const ActBlock*>(x);
   __m256 acc[C];
-  float offsets[C];
+  __m128 offsets[C];  // lane 1: the blocks' minimum * activation sum, added block by block
   for (int c = 0; c < C; ++c) {
     acc[c] = _mm256_setzero_ps();
-    offsets[c] = 0.0f;
+    offsets[c] = _mm_setzero_ps();
   }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const __m256i yq = load32(y[b].qs);
-    const float yd = y[b].d;
+    __m256i ybias = _mm256_setzero_si256();
+    if (Shift != 0) {
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), yq), ones);
+      ybias = _mm256_slli_epi32(sums, Shift);
+    }
+    // [d, sum] of the activation block: times the weight block's [d, m], one multiply gives
+    // both of blocks_rows' scalar products.
+    const __m128 ypair = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(&y[b].d)));
     for (int c = 0; c < C; ++c) {
       const uint8_t* wb = w + c * stride + static_cast<size_t>(b) * Bytes;
       const __m256i q = Unpack(wb);
-      const __m256i s = Signed ? dot_i8(q, yq) : dot_u8_scaled(q, yq, ones);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(half(wb) * yd), _mm256_cvtepi32_ps(s), acc[c]);
-      if (Offset) offsets[c] += half(wb + 2) * y[b].sum;
+      const __m256i s = Shift == 0 ? (Offset ? dot_u8_scaled(q, yq, ones) : dot_i8(q, yq))
+                                   : _mm256_sub_epi32(dot_u8_scaled(q, yq, ones), ybias);
+      if (Offset) {
+        uint32_t dm;
+        std::memcpy(&dm, wb, 4);
+        const __m128 prod = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm))), ypair);
+        acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(s), acc[c]);
+        offsets[c] = _mm_add_ps(offsets[c], prod);
+      } else {
+        const __m256 d = _mm256_set1_ps(half(wb) * y[b].d);
+        acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
+      }
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = hsum(acc[c]) + offsets[c];
+  for (int c = 0; c < C; ++c) {
+    out[c] = hsum(acc[c]) + (Offset ? _mm_cvtss_f32(_mm_movehdup_ps(offsets[c])) : 0.0f);
+  }
 }
 
 // The K types one weight row at a time (their R-row kernels at R = 1).
@@ -302,10 +323,15 @@ constexpr size_t SHORT_ROW_BYTES = 512;
     }                                                                                           \
     for (; i < n; ++i) Name##_c<1>(w + i * stride, stride, x, nb, o + i);                       \
   }
-NPQ_COLS(q8_0_cols, blocks_cols<C, 34, unpack_q8_0, true, false>)
-NPQ_COLS(q4_0_cols, blocks_cols<C, 18, unpack_q4_0, true, false>)
-NPQ_COLS(q4_1_cols, blocks_cols<C, 20, unpack_q4_1, false, true>)
-NPQ_COLS(q5_0_cols, blocks_cols<C, 22, unpack_q5_0, true, false>)
+NPQ_AVX2 inline __m256i unpack_q4_0_plus8(const uint8_t* w) { return nibbles16(w + 2); }
+NPQ_AVX2 inline __m256i unpack_q5_0_plus16(const uint8_t* w) {
+  return _mm256_or_si256(nibbles16(w + 6),
+                         _mm256_and_si256(bits_to_bytes(w + 2), _mm256_set1_epi8(16)));
+}
+NPQ_COLS(q8_0_cols, blocks_cols<C, 34, unpack_q8_0, 0, false>)
+NPQ_COLS(q4_0_cols, blocks_cols<C, 18, unpack_q4_0_plus8, 3, false>)
+NPQ_COLS(q4_1_cols, blocks_cols<C, 20, unpack_q4_1, 0, true>)
+NPQ_COLS(q5_0_cols, blocks_cols<C, 22, unpack_q5_0_plus16, 4, false>)
 #undef NPQ_COLS
 
 // The portable rule of quantize_run (qdot_scalar.cc) 8 lanes at a time: the same max, the same
