@@ -30,7 +30,7 @@ __all__ = ["MIX_TARGET", "REFRESH_EVERY", "StepCosts"]
 
 MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many usual steps
 REFRESH_EVERY = 12  # while mixing, one plain decode step in this many keeps its time current
-_FIRST_MIX = 4  # prompt tokens in a mixed step before anything is measured
+_FIRST_MIX = 1  # prompt tokens in a mixed step before anything is measured (2 can cost 1.7x)
 _LONG_CHUNK = 32  # a prefill chunk this long says what a prompt token itself costs
 _SAMPLES = 8  # mixed steps the line is fitted to, per (decode rows, window)
 

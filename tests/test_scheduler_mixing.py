@@ -303,3 +303,13 @@ def test_slow_decode_steps_beside_the_prompt_do_not_make_its_tokens_look_free() 
         if n > 1 and t > 1.05 * MIX_TARGET * USUAL_S
     ]
     assert not over, over[:10]
+
+
+def test_before_anything_is_measured_a_mixed_step_carries_one_prompt_token() -> None:
+    """A fresh engine knows nothing of what a prompt token costs; on this CPU one costs about a
+    third of a decode step, so a first chunk of four made the stream's first gap beside a paste
+    2.2x its usual. One token first, then what the measured steps allow."""
+    model = CostModel()
+    run_paste(model)
+    assert model.mixed_steps[0] == 1, model.mixed_steps[:8]
+    assert max(model.mixed_steps[:20]) > 1  # and the chunks grow from there
