@@ -55,23 +55,6 @@ class Turn:
     cpu_s: float = 0.0  # the side's process CPU time over the turn: what to read under load
 
 
-def cpu_model() -> str:
-    """The CPU's name and the vector extensions the kernels care about."""
-    name, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:
-        pass
-    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"]
-    return f"{name} ({' '.join(f for f in wanted if f in flags) or 'no AVX2'})"
-
-
 def _history(conv: int, turn: int, replies: dict[tuple[int, int], str]) -> list[tuple[str, str]]:
     """(role, text) of conversation `conv` up to its user message `turn`."""
     msgs: list[tuple[str, str]] = []
@@ -296,7 +279,10 @@ def main() -> None:
         return
     if args.only != "npuchat" and not args.llama_server:
         sys.exit("--llama-server PATH is needed (benchmarks/build_llama_bench.sh --server)")
-    print(f"cpu: {cpu_model()}")
+    from npuchat.engine.bench_timers import machine_info
+
+    machine = machine_info()
+    print(f"cpu: {machine.cpu} ({' '.join(machine.cpu_flags) or 'flags unknown'})")
     print(f"model {name}, threads {args.threads}, load average {os.getloadavg()[0]:.2f}")
     npu = llama = None
     if args.only != "llama":
