@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class Turn:
     reply: str
     note: str = ""  # reused prompt tokens, drafted/accepted, llama's cached tokens
     cpu_s: float = 0.0  # the side's process CPU time over the turn: what to read under load
+    ids: list[int] = field(default_factory=list)  # npuchat's reply token ids (lookup_replay)
 
 
 def _history(conv: int, turn: int, replies: dict[tuple[int, int], str]) -> list[tuple[str, str]]:
@@ -108,11 +109,11 @@ def npuchat_side(name: str, models_dir: Path, threads: int, tokens: int) -> dict
     for conv, turn in ORDER:
         msgs = tuple(ChatMessage(r, text) for r, text in _history(conv, turn, replies))  # type: ignore[arg-type]
         request = ChatRequest(f"c{conv}", SYSTEM_PROMPT, msgs, sampling)
-        start, first, text, note, n = time.perf_counter(), 0.0, [], "", 0
+        start, first, text, note, ids = time.perf_counter(), 0.0, [], "", []
         cpu = time.process_time()
         for event in engine.generate(request, threading.Event()):
             if isinstance(event, TokenDelta):
-                n += len(event.ids)
+                ids += event.ids
                 if event.text:
                     first = first or time.perf_counter()
                     text.append(event.text)
@@ -124,7 +125,8 @@ def npuchat_side(name: str, models_dir: Path, threads: int, tokens: int) -> dict
         end = time.perf_counter()
         replies[(conv, turn)] = "".join(text)
         ttft, reply = (first or end) - start, replies[(conv, turn)]
-        turns.append(Turn(conv, turn, ttft, end - start, n, reply, note, time.process_time() - cpu))
+        cpu = time.process_time() - cpu
+        turns.append(Turn(conv, turn, ttft, end - start, len(ids), reply, note, cpu, ids))
     cpu_s, wall_s = time.process_time() - cpu0, time.perf_counter() - wall0
     figures = {
         "load_s": load_s,
