@@ -19,6 +19,7 @@ drawn from; a deterministic proposal has q = one-hot, which the acceptance rule 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ from .prefix_store import common_prefix_len
 from .sampler import distribution, draw, is_greedy
 from .sequence import Sequence as KVSequence
 
-__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter"]
+__all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "RecentTimes", "ema"]
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Drafter:
     name: str = "drafter"
     stats: _Stats
     prior_alpha: float = 0.7  # acceptance assumed before any is measured
+    free = False  # proposing costs nothing: propose first, then let the cost model cut it
 
     def propose(
         self,
@@ -77,22 +79,31 @@ class Drafter:
 
 
 class LookupDrafter(Drafter):
-    """Prompt-lookup drafting: continue the latest earlier match of the last n tokens.
+    """Prompt-lookup drafting: continue the earlier occurrence of the last n tokens whose
+    preceding tokens agree longest with the sequence's end (the latest one on ties).
 
-    The n-gram index (n-gram → position after its latest occurrence) grows with the sequence,
-    so each call costs O(new tokens), not O(sequence).
+    The n-gram index (n-gram -> the positions after its occurrences) grows with the sequence,
+    so each call costs O(new tokens) plus a bounded look at the latest `candidates`
+    occurrences. A short n-gram ("    return", ") -> ") occurs all over a conversation with
+    code in it; the occurrence whose earlier tokens also match (the function being copied, not
+    the reply's own last line) is the one whose continuation the target repeats.
     """
 
     name = "lookup"
     # n-gram matches are often spurious outside quoted text: assume little until measured
     prior_alpha = 0.5
+    free = True
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 2) -> None:
+    def __init__(
+        self, max_ngram: int = 4, min_ngram: int = 2, candidates: int = 16, extend: int = 64
+    ) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.candidates = candidates  # latest occurrences compared backwards
+        self.extend = extend  # the longest agreement measured (tokens)
         self.stats = _Stats(step_s=0.0, prefill_token_s=0.0)
         self._seq: list[int] = []
-        self._index: dict[tuple[int, ...], int] = {}
+        self._index: dict[tuple[int, ...], list[int]] = {}
 
     def _sync(self, context: Sequence[int]) -> None:
         n = len(self._seq)
@@ -104,7 +115,20 @@ class LookupDrafter(Drafter):
         for e in range(max(1, n), len(seq)):
             for g in range(self.min_ngram, self.max_ngram + 1):
                 if e - g >= 0:
-                    index[tuple(seq[e - g : e])] = e
+                    index.setdefault(tuple(seq[e - g : e]), []).append(e)
+
+    def _best(self, ends: list[int], g: int) -> int:
+        """The position after the occurrence, among the latest `candidates`, whose preceding
+        tokens agree longest with the sequence's end."""
+        seq, n = self._seq, len(self._seq)
+        best, best_len = ends[-1], -1
+        for e in reversed(ends[-self.candidates :]):
+            agree, top = g, min(self.extend, e)
+            while agree < top and seq[e - agree - 1] == seq[n - agree - 1]:
+                agree += 1
+            if agree > best_len:
+                best, best_len = e, agree
+        return best
 
     def propose(
         self,
@@ -121,8 +145,9 @@ class LookupDrafter(Drafter):
         for g in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(seq) < g:
                 continue
-            at = self._index.get(tuple(seq[-g:]))
-            if at is not None:
+            ends = self._index.get(tuple(seq[-g:]))
+            if ends:
+                at = self._best(ends, g)
                 out = seq[at : at + k]
                 break
         return Draft(list(out), None, sync_s=time.perf_counter() - t0)
@@ -210,3 +235,24 @@ class ModelDrafter(Drafter):
 def ema(old: float | None, new: float, weight: float = 0.2) -> float:
     """Exponential moving average (`old` None: the first sample); step costs drift slowly."""
     return new if old is None else (1 - weight) * old + weight * new
+
+
+class RecentTimes:
+    """A step time from its last few samples: the lower quartile.
+
+    Other processes on the machine only ever add time to a sample, so a low quantile of recent
+    samples tracks what a step costs while ignoring preempted ones; a lasting change (a longer
+    context, a busier machine) moves it within a few samples.
+    """
+
+    def __init__(self, size: int = 9) -> None:
+        self.samples: deque[float] = deque(maxlen=size)
+
+    def add(self, dt: float) -> None:
+        self.samples.append(dt)
+
+    def estimate(self) -> float | None:
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        return ordered[len(ordered) // 4]

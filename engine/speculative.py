@@ -28,7 +28,6 @@ acceptance estimate follows the conversation.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from functools import partial
 
 import numpy as np
 
-from .drafters import Draft, Drafter, ema
+from .drafters import Draft, Drafter, RecentTimes, ema
 from .model import Model
 from .sampler import Sampler, apply_repeat_penalty, distribution, draw, is_greedy
 from .sequence import Sequence
@@ -91,8 +90,8 @@ class CostModel:
 
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
-        self._dec = _Recent()
-        self._ver: dict[int, _Recent] = {}
+        self._dec = RecentTimes()
+        self._ver: dict[int, RecentTimes] = {}
         self.alpha: dict[str, float] = {}
         self.sync_s: dict[str, float] = {}
         self.idle: dict[str, int] = {}  # plain rounds since a drafter was last tried
@@ -111,7 +110,7 @@ class CostModel:
         self._dec.add(dt)
 
     def record_verify(self, width: int, dt: float) -> None:
-        self._ver.setdefault(width, _Recent()).add(dt)
+        self._ver.setdefault(width, RecentTimes()).add(dt)
 
     def record_draft(
         self, name: str, sync_s: float, outcomes: Seq[bool], prior: float = 0.7
@@ -304,6 +303,11 @@ class SpeculativeDecoder:
 
     def _draft(self, seq: list[int], sampler: Sampler, limit: int) -> tuple[Drafter, Draft] | None:
         for drafter in self.drafters:
+            if drafter.free and self.fixed_k is None:
+                d = self._free_draft(drafter, seq, sampler, limit)
+                if d is not None:
+                    return drafter, d
+                continue
             if self.fixed_k is not None:
                 k = min(self.fixed_k, limit, self.max_k)
             else:
@@ -321,6 +325,26 @@ class SpeculativeDecoder:
                 return drafter, d
             self.stats.draft_s += d.sync_s + d.step_s
         return None
+
+    def _free_draft(
+        self, drafter: Drafter, seq: list[int], sampler: Sampler, limit: int
+    ) -> Draft | None:
+        """A free drafter proposes first and k is chosen for the proposal's own length (a retry
+        is spent only where there is a draft to try), then the draft is cut to k."""
+        d = drafter.propose(
+            seq, min(limit, self.max_k), sampler.params, sampler.history, sampler.rng
+        )
+        k = self.costs.choose_k(drafter, seq, len(d.tokens)) if d.tokens else 0
+        if k > 0:
+            self.costs.backoff[drafter.name] = 1
+        elif d.tokens and self.costs.t_dec is not None and self.costs.explore(drafter, seq):
+            k = 1
+        if k == 0:
+            self.stats.draft_s += d.sync_s
+            return None
+        self.costs.idle[drafter.name] = 0
+        d.tokens = d.tokens[:k]
+        return d
 
     def _accept_greedy(
         self, rows: np.ndarray, drafts: list[int], sampler: Sampler
@@ -360,24 +384,3 @@ class SpeculativeDecoder:
             return i, draw(residual(p, q, x), rng), outcomes
         p = distribution(rows[len(d.tokens)], params, hist)
         return len(d.tokens), draw(p, rng), outcomes
-
-
-class _Recent:
-    """A step time from its last few samples: the lower quartile.
-
-    Other processes on the machine only ever add time to a sample, so a low quantile of recent
-    samples tracks what a step costs while ignoring preempted ones; a lasting change (a longer
-    context, a busier machine) moves it within a few samples.
-    """
-
-    def __init__(self, size: int = 9) -> None:
-        self.samples: deque[float] = deque(maxlen=size)
-
-    def add(self, dt: float) -> None:
-        self.samples.append(dt)
-
-    def estimate(self) -> float | None:
-        if not self.samples:
-            return None
-        ordered = sorted(self.samples)
-        return ordered[len(ordered) // 4]

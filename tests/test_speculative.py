@@ -154,6 +154,22 @@ def test_greedy_output_equals_target_only(
         assert accepted > 0  # the related draft and lookup get some right: the paths ran
 
 
+def test_adaptive_lookup_cut_to_its_chosen_k_equals_target_only(target: ChatSession) -> None:
+    """The lookup drafter proposes before k is chosen and its draft is cut to k (the decoder's
+    own path, no fixed k): greedy output is still the target's alone. A clock that makes every
+    step cost the same makes drafting pay, so the path runs."""
+    vocab = target.model.config.vocab_size
+    prompts = _prompts(vocab, 12, seed=21)
+    target.use_drafters([])
+    plain = [complete_ids(target, p, GREEDY) for p in prompts]
+    ticks = itertools.count()
+    spec = SpeculativeDecoder(target.model, [LookupDrafter()], clock=lambda: float(next(ticks)))
+    spec.calibrate(target.seq)
+    drafted, accepted = assert_speculation_exact(target, spec, prompts, plain, GREEDY)
+    assert drafted > 0 and accepted > 0
+    assert 0 < spec.costs.alpha["lookup"] < 1  # measured: some drafts were rejected
+
+
 def test_sampled_output_is_reproducible_and_in_sync(target: ChatSession) -> None:
     """Temperature > 0 with lookup: the cache always matches the tokens the session records."""
     params = SamplingParams(temperature=0.9, seed=7, max_tokens=30, repeat_penalty=1.1)

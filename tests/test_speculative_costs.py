@@ -112,3 +112,16 @@ def test_lookup_drafter_proposes_the_latest_continuation() -> None:
     edited = [1, 2, 3, 4, 5, 9, 4, 5]
     assert lk.propose(edited, 2, GREEDY, edited, rng).tokens == [9, 4]  # re-indexed after edit
     assert lk.propose([6, 6, 0], 2, GREEDY, [], rng).tokens == []
+
+
+def test_lookup_drafter_prefers_the_occurrence_that_agrees_longest() -> None:
+    """A short n-gram occurs often; the occurrence whose earlier tokens match too is the copy
+    the reply is making."""
+    lk = LookupDrafter(max_ngram=3, min_ngram=2)
+    rng = np.random.default_rng(0)
+    copied = [10, 11, 12, 1, 2, 3, 20, 21]
+    seq = [*copied, 5, 6, 1, 2, 3, 30, 31, 7, 10, 11, 12, 1, 2, 3]
+    assert lk.propose(seq, 2, GREEDY, seq, rng).tokens == [20, 21]  # not 30 31, the latest
+    # when no occurrence agrees further than the n-gram, the latest one is taken
+    tail = [*seq[:-3], 9, 1, 2, 3]
+    assert lk.propose(tail, 2, GREEDY, tail, rng).tokens == [30, 31]
