@@ -146,7 +146,7 @@ class BatchedSteps:
         cap = self.model.capacity
         ready = self._make_room(decodes, prefill, n)
         if not ready or self.model.capacity != cap:
-            self._run_decode(decodes, timed=ready)
+            self._run_decode(decodes, timed=False)  # neither says what a decode step costs
             chosen.finishes = False
             self._repend(prefill)
             return "moved" if ready else "wait-room"

@@ -16,6 +16,13 @@ per_token` over its n prompt tokens, per window, and the chunk is what keeps it 
 the prompt's row costs whatever its length (its logits row through the vocabulary matmul, its
 attention, the decode rows' attention over the prompt's window), and a chunk sized as if that
 part were paid per token would stay at one token for the rest of a paste.
+
+The gap that matters is a stream's *longest* one, so chunks are sized for the dearest step, not
+the typical one: steps of one shape vary by ~15% from run to run, so the fitted time aims at
+`MIX_TARGET` (1.35) for the dearest to stay within `MIX_LIMIT` (1.6). While one chunk size has
+been seen, the next size is predicted as the decode rows' own step plus what the chunk added to
+it, per token (more than the true slope, as the prompt row's fixed part is counted per token:
+errs small); a blind "one token more" probe made a two-token step of the 0.5B, 1.6-1.7x.
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ from statistics import median
 
 from .drafters import ema
 
-__all__ = ["MIX_TARGET", "REFRESH_EVERY", "StepCosts"]
+__all__ = ["MIX_LIMIT", "MIX_TARGET", "REFRESH_EVERY", "StepCosts"]
 
-MIX_TARGET = 1.6  # a mixed step (decodes + a prefill chunk) should cost this many usual steps
+MIX_TARGET = 1.35  # a mixed step (decodes + a prefill chunk) is sized to cost this many usual steps
+MIX_LIMIT = 1.6  # and the dearest of them should stay within this many (module doc)
 REFRESH_EVERY = 12  # while mixing, one plain decode step in this many keeps its time current
 _FIRST_MIX = 1  # prompt tokens in a mixed step before anything is measured (2 can cost 1.7x)
 _LONG_CHUNK = 32  # a prefill chunk this long says what a prompt token itself costs
@@ -103,20 +111,18 @@ class StepCosts:
         overshoot on a first, lucky measurement), at least one. At a window not mixed at yet
         it starts again from one token. `head`: a chunk that computes the prompt's logits row
         (one that ends a part of the prompt)."""
-        usual = self.usual.get(decodes, self._decode_time(decodes, own))
-        line = self._line(decodes, window, head)
+        decode = self._decode_time(decodes, own)
+        usual = self.usual.get(decodes, decode)
+        floor = min(usual, decode) if usual is not None and decode is not None else None
+        line = self._line(decodes, window, head, floor)
         if usual is None or line is None:
             return _FIRST_MIX if not self.samples else 1
         fixed, per_token = line
         if self.t_long:  # a prompt token costs at least about half what it does in a chunk
             per_token = max(per_token, 0.5 * self.t_long)
-        budget = MIX_TARGET * usual
-        fit = (budget - fixed) / per_token
-        samples = self.samples[(decodes, window, head)]
-        seen = {n for n, _ in samples}
-        if len(seen) == 1 and max(t for _, t in samples) < budget:
-            fit = max(fit, next(iter(seen)) + 1)  # one size seen, under budget: try one more
-        return int(max(1, min(self.prefill_chunk, fit, 2 * self.mix_last)))
+        fit = (MIX_TARGET * usual - fixed) / per_token
+        grown = max(self.mix_last + 1, 3 * self.mix_last // 2)
+        return int(max(1, min(self.prefill_chunk, fit, grown)))
 
     def chunk_tokens(self) -> int:
         """Prompt tokens a chunk of its own can take for about one decode step, at least one."""
@@ -131,14 +137,18 @@ class StepCosts:
         known = [(abs(b - decodes), t) for (b, c), t in self.t_rows.items() if c == window]
         return self.t_rows.get((decodes, window), min(known)[1] if known else None)
 
-    def _line(self, decodes: int, window: int, head: bool) -> tuple[float, float] | None:
+    def _line(
+        self, decodes: int, window: int, head: bool, decode: float | None
+    ) -> tuple[float, float] | None:
         """(fixed, per token) seconds of the recent mixed steps at this shape, `fixed + n *
         per_token`: the median of the slopes between pairs of steps of different sizes
-        (Theil-Sen: one slow step among them, a busy moment, barely moves it), or, while a
-        single size has been seen (or the slopes say nothing), the median time per token (its
-        line through zero: dearer for larger chunks than the true one, so chunks err small).
-        The whole step's time is fitted, not what it adds to a decode step: a difference of
-        two noisy times let a loaded machine's slow decode step make the prompt look free."""
+        (Theil-Sen: one slow step among them, a busy moment, barely moves it); while a single
+        size has been seen (or the slopes say nothing), the line from the decode rows' own
+        step (`decode`: the lesser of it and their usual one) through that size's median
+        (module doc), or, not knowing that step, the line
+        through zero (dearer for larger chunks than the true one, so chunks err small). The
+        whole step's time is fitted, not what it adds to a decode step: a difference of two
+        noisy times let a loaded machine's slow decode step make the prompt look free."""
         samples = self.samples.get((decodes, window, head))
         if not samples:
             return None
@@ -146,6 +156,10 @@ class StepCosts:
             (t2 - t1) / (n2 - n1) for (n1, t1), (n2, t2) in combinations(samples, 2) if n2 != n1
         ]
         slope = median(slopes) if slopes else 0.0
-        if slope <= 0:
-            return 0.0, max(median(t / n for n, t in samples), 1e-9)
-        return max(0.0, median(t - slope * n for n, t in samples)), slope
+        if slope > 0:
+            fixed = sorted(t - slope * n for n, t in samples)  # through the dearest but one
+            return max(0.0, fixed[-2] if len(fixed) > 2 else fixed[-1]), slope
+        n, t = min(samples)[0], median(t for n0, t in samples if n0 == min(samples)[0])
+        if decode is not None and t > decode:
+            return decode, (t - decode) / n
+        return 0.0, max(median(t / n for n, t in samples), 1e-9)

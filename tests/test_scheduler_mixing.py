@@ -45,7 +45,16 @@ class CostModel:
     max_capacity = CAPACITIES[-1]
     prefill_chunk = 128
 
-    def __init__(self, slow_mixed_step: int | None = None, slow_decodes: bool = False) -> None:
+    def __init__(
+        self,
+        slow_mixed_step: int | None = None,
+        slow_decodes: bool = False,
+        token_s: float = TOKEN_S,
+        noise: float = 0.0,
+    ) -> None:
+        self.token_s = token_s  # what a prompt token adds to a mixed step's matmuls
+        self.noise = np.random.default_rng(7) if noise else None  # every step ×(1 ± noise)
+        self.spread = noise
         self.extra = 0.0
         self.lengths = [0] * self.batch_max
         self.mixed_steps: list[int] = []  # prompt tokens of each mixed step
@@ -93,6 +102,12 @@ class CostModel:
         self.ran_capacity = self.capacity
         return cost
 
+    def _noisy(self, cost: float) -> float:
+        """A step's cost as a machine gives it: the same shape ±`noise` from run to run."""
+        if self.noise is None:
+            return cost
+        return cost * (1 + self.spread * self.noise.uniform(-1, 1))
+
     def clock(self) -> float:
         return time.perf_counter() + self.extra
 
@@ -109,7 +124,7 @@ class CostModel:
             self.lengths[r] += 1
         b = len(tokens)
         reads = sum(self._attention(self.lengths[r], 1) for r in rows)
-        cost = DECODE_S + ROW_S * b + reads + self._first_run(w)
+        cost = self._noisy(DECODE_S + ROW_S * b + reads) + self._first_run(w)
         if self.slow_decodes and self.mixed_steps:
             self.decodes_beside += 1
             cost *= 4 if self.decodes_beside % 6 == 0 else 1
@@ -126,8 +141,8 @@ class CostModel:
             self.lengths[first_row + j] += len(r)
         reads = sum(self._attention(self.lengths[first_row + j], len(r)) for j, r in enumerate(ids))
         head = HEAD_S if want is None or all(want) else 0.0  # the prompt's logits row
-        cost = DECODE_S + ROW_S * (len(ids) - 1) + TOKEN_S * chunk + head + reads
-        cost += self._first_run(w)
+        cost = DECODE_S + ROW_S * (len(ids) - 1) + self.token_s * chunk + head + reads
+        cost = self._noisy(cost) + self._first_run(w)
         if len(self.mixed_steps) == self.slow_mixed_step:
             cost *= 10  # a burst of other work on the machine
         self.extra += cost

@@ -1,0 +1,34 @@
+"""The chunks a paste's mixed steps carry are sized for a stream's *longest* gap, not its
+typical one: the dearest mixed step stays within `MIX_LIMIT` of the stream's usual step while
+a step's cost varies from run to run, and where a prompt token is dear (a third of a decode
+step, the 0.5B on this CPU) no step tries a second token that the first one's cost already
+says would go past the limit. Cost model and paste from tests/test_scheduler_mixing.py."""
+
+from __future__ import annotations
+
+from test_scheduler_mixing import DECODE_S, USUAL_S, CostModel, run_paste
+
+from npuchat.engine.step_costs import MIX_LIMIT
+
+
+def dearest(model: CostModel, tokens: int = 2) -> float:
+    """The dearest mixed step with at least `tokens` prompt tokens, × the usual step."""
+    costs = [c for n, c in zip(model.mixed_steps, model.mixed_cost, strict=True) if n >= tokens]
+    return max(costs, default=0.0) / USUAL_S
+
+
+def test_with_steps_varying_8_percent_no_chunk_takes_a_step_past_the_limit() -> None:
+    model = CostModel(noise=0.08)
+    during, usual, _ = run_paste(model)
+    assert max(model.mixed_steps) > 2  # chunks grew: the bound is not kept by never mixing
+    assert dearest(model) <= MIX_LIMIT, (dearest(model), model.mixed_steps[:30])
+    assert max(during) <= 2.0 * usual, max(during) / usual
+
+
+def test_where_a_prompt_token_costs_a_third_of_a_decode_step_chunks_stay_at_one() -> None:
+    """One token costs ~1.35 usual steps, so two would cost ~1.7: the line from the stream's
+    own step through the one-token steps says so, and no two-token step is tried. (A blind
+    probe of one more token, while one size had been seen under budget, ran such steps.)"""
+    model = CostModel(token_s=DECODE_S / 3)
+    run_paste(model)
+    assert set(model.mixed_steps) == {1}, sorted(set(model.mixed_steps))
