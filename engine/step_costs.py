@@ -73,7 +73,10 @@ class StepCosts:
         key = (rows, window)
         runs = self.decodes_at[key] = self.decodes_at.get(key, 0) + 1
         old = self.t_rows.get(key)  # the first step at a window also grows ORT's buffers
-        self.t_rows[key] = min(old, seconds) if runs == 2 and old else ema(old, seconds, 0.3)
+        if runs == 2 and old:
+            self.t_rows[key] = min(old, seconds)
+        else:  # quick to come down: mixed steps are budgeted from it too (`mix_tokens`)
+            self.t_rows[key] = ema(old, seconds, 0.7 if old and seconds < old else 0.3)
         if not prompt_waits:
             self.usual[rows] = ema(self.usual.get(rows), seconds, 0.3)
         self.last, self.mixed_run = key, 0
@@ -107,8 +110,11 @@ class StepCosts:
     def mix_tokens(self, decodes: int, own: int, window: int, head: bool = True) -> int:
         """Prompt tokens a mixed step attending `window` slots, with `decodes` decode rows
         (whose own decode steps attend `own`), can carry: as many as the step's fitted time
-        keeps within `MIX_TARGET` of their usual step, growing at most twofold a step (no
-        overshoot on a first, lucky measurement), at least one. At a window not mixed at yet
+        keeps within `MIX_TARGET` of their usual step, or of their latest plain step where
+        that is less (the machine got quieter since the usual one: a budget from a busier
+        moment's wall times let 3-4 token chunks cost 1.6-1.85 of the steps beside them),
+        growing at most 1.5x a step (no overshoot on a first, lucky measurement), at least
+        one. At a window not mixed at yet
         it starts again from one token. `head`: a chunk that computes the prompt's logits row
         (one that ends a part of the prompt)."""
         decode = self._decode_time(decodes, own)
@@ -120,7 +126,7 @@ class StepCosts:
         fixed, per_token = line
         if self.t_long:  # a prompt token costs at least about half what it does in a chunk
             per_token = max(per_token, 0.5 * self.t_long)
-        fit = (MIX_TARGET * usual - fixed) / per_token
+        fit = (MIX_TARGET * (floor or usual) - fixed) / per_token
         grown = max(self.mix_last + 1, 3 * self.mix_last // 2)
         return int(max(1, min(self.prefill_chunk, fit, grown)))
 

@@ -51,7 +51,9 @@ class CostModel:
         slow_decodes: bool = False,
         token_s: float = TOKEN_S,
         noise: float = 0.0,
+        busy_before: float = 1.0,
     ) -> None:
+        self.busy_before = busy_before  # steps before the first mixed one cost this many times
         self.token_s = token_s  # what a prompt token adds to a mixed step's matmuls
         self.noise = np.random.default_rng(7) if noise else None  # every step ×(1 ± noise)
         self.spread = noise
@@ -104,6 +106,8 @@ class CostModel:
 
     def _noisy(self, cost: float) -> float:
         """A step's cost as a machine gives it: the same shape ±`noise` from run to run."""
+        if not self.mixed_steps:
+            cost *= self.busy_before  # the machine was busier before the paste came
         if self.noise is None:
             return cost
         return cost * (1 + self.spread * self.noise.uniform(-1, 1))

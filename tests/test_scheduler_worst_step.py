@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from test_scheduler_mixing import DECODE_S, USUAL_S, CostModel, run_paste
 
-from npuchat.engine.step_costs import MIX_LIMIT
+from npuchat.engine.step_costs import MIX_LIMIT, REFRESH_EVERY
 
 
 def dearest(model: CostModel, tokens: int = 2) -> float:
@@ -32,3 +32,14 @@ def test_where_a_prompt_token_costs_a_third_of_a_decode_step_chunks_stay_at_one(
     model = CostModel(token_s=DECODE_S / 3)
     run_paste(model)
     assert set(model.mixed_steps) == {1}, sorted(set(model.mixed_steps))
+
+
+def test_a_quieter_machine_after_the_usual_step_was_measured_does_not_widen_the_budget() -> None:
+    """The stream's usual step was timed while the machine was busy (1.5x); beside the paste it
+    is quiet again: once its plain steps beside the paste were timed (one in `REFRESH_EVERY`),
+    the chunks keep within the limit of the steps as they now cost."""
+    model = CostModel(busy_before=1.5)
+    run_paste(model)
+    steps = list(zip(model.mixed_steps, model.mixed_cost, strict=True))[2 * REFRESH_EVERY :]
+    later = [c / USUAL_S for n, c in steps if n > 1]
+    assert later and max(later) <= MIX_LIMIT, (max(later), model.mixed_steps[:40])
