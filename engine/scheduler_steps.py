@@ -57,6 +57,7 @@ class BatchedSteps:
     _pending: list[Step]
     record_steps: bool
     clock: Callable[[], float]
+    step_clock: Callable[[], float]  # what a step costs (`StepScheduler`)
     steps: list[tuple[str, object, int]]
     _room = 0  # slots reserved for the prompt being mixed in (`_make_room`)
 
@@ -96,11 +97,11 @@ class BatchedSteps:
         self._contiguous(steps)
         steps.sort(key=lambda s: s.seq.row)
         own = self._own_window(steps)
-        t0 = self.clock()
+        t0 = self.step_clock()
         logits = self.model.decode_batch([s.ids[0] for s in steps], first_row=0)
         waits = any(s.kind == "prefill" for s in list(self._pending))  # not the usual step
         if timed:
-            self.costs.decoded(len(steps), self.clock() - t0, own, waits)
+            self.costs.decoded(len(steps), self.step_clock() - t0, own, waits)
         for j, step in enumerate(steps):
             step.result = logits[j]
         if self.record_steps:
@@ -157,9 +158,9 @@ class BatchedSteps:
         # the prompt's logits only after the last chunk of its part (the vocabulary matmul is
         # a good part of what a prompt token costs)
         want = [s is not prefill or chosen.finishes for s in order]
-        t0 = self.clock()
+        t0 = self.step_clock()
         logits = self.model.step_rows([chunk if s is prefill else s.ids for s in order], 0, want)
-        self.costs.mixed(len(decodes), n, self.clock() - t0, window, chosen.finishes)
+        self.costs.mixed(len(decodes), n, self.step_clock() - t0, window, chosen.finishes)
         rows = iter(logits)
         for step, wanted in zip(order, want, strict=True):
             if wanted:

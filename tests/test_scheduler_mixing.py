@@ -52,7 +52,13 @@ class CostModel:
         token_s: float = TOKEN_S,
         noise: float = 0.0,
         busy_before: float = 1.0,
+        load: float = 0.0,
+        wall_before: float = 1.0,
     ) -> None:
+        self.load = np.random.default_rng(11) if load else None  # wall: ×(1 + load·U(0, 1))
+        self.load_max = load
+        self.wall_before = wall_before  # and ×this before the first mixed step (a busy spell)
+        self.cpu = 0.0  # the steps' own cost, which waiting for a core does not stretch
         self.busy_before = busy_before  # steps before the first mixed one cost this many times
         self.token_s = token_s  # what a prompt token adds to a mixed step's matmuls
         self.noise = np.random.default_rng(7) if noise else None  # every step ×(1 ± noise)
@@ -112,6 +118,15 @@ class CostModel:
             return cost
         return cost * (1 + self.spread * self.noise.uniform(-1, 1))
 
+    def _spend(self, cost: float) -> None:
+        """A step's cost on the CPU clock; on the wall clock also its wait for a core."""
+        self.cpu += cost
+        wait = self.load_max * self.load.uniform(0, 1) if self.load is not None else 0.0
+        self.extra += cost * (1 + wait) * (1 if self.mixed_steps else self.wall_before)
+
+    def cpu_clock(self) -> float:
+        return time.perf_counter() + self.cpu
+
     def clock(self) -> float:
         return time.perf_counter() + self.extra
 
@@ -132,7 +147,7 @@ class CostModel:
         if self.slow_decodes and self.mixed_steps:
             self.decodes_beside += 1
             cost *= 4 if self.decodes_beside % 6 == 0 else 1
-        self.extra += cost
+        self._spend(cost)
         self.decode_windows.append(w)
         return np.zeros((len(tokens), 8), np.float32)
 
@@ -149,7 +164,7 @@ class CostModel:
         cost = self._noisy(cost) + self._first_run(w)
         if len(self.mixed_steps) == self.slow_mixed_step:
             cost *= 10  # a burst of other work on the machine
-        self.extra += cost
+        self._spend(cost)
         self.mixed_steps.append(chunk)
         self.mixed_capacity.append(self.capacity)
         self.mixed_window.append(w)
@@ -159,7 +174,7 @@ class CostModel:
     def prefill(self, ids: list[int], row: int = 0, run_options: object = None) -> np.ndarray:
         w = self.window(self.lengths[row] + len(ids))
         self.lengths[row] += len(ids)
-        self.extra += DECODE_S + TOKEN_S * len(ids) + HEAD_S + w / 1024 * len(ids) * ATTN_Q_S
+        self._spend(DECODE_S + TOKEN_S * len(ids) + HEAD_S + w / 1024 * len(ids) * ATTN_Q_S)
         return np.zeros(8, np.float32)
 
 
@@ -186,13 +201,18 @@ class Slots:
             s.row = b if s.row == a else a if s.row == b else s.row
 
 
-def run_paste(model: CostModel, part: int = PASTE) -> tuple[list[float], float, float]:
+def run_paste(
+    model: CostModel, part: int = PASTE, cpu_clock: bool = False
+) -> tuple[list[float], float, float]:
     """One stream decoding, a PASTE-token prompt arriving after 20 of its tokens: the stream's
     gaps (scheduler clock) while the prompt is read, its usual gap, and when the prompt ended.
     `part`: the prompt handed in parts of this many tokens, each saying how many follow, as a
-    session does (`ChatSession`: parts of the model's prefill chunk)."""
+    session does (`ChatSession`: parts of the model's prefill chunk). `cpu_clock`: the
+    scheduler times steps on the model's CPU clock (the engine's thread CPU clock)."""
     stream, paste = SimpleNamespace(row=0, parked=None), SimpleNamespace(row=1, parked=None)
-    sched = StepScheduler(model, Slots(model, [stream, paste]), clock=model.clock)  # type: ignore[arg-type]
+    slots = Slots(model, [stream, paste])
+    step_clock = model.cpu_clock if cpu_clock else None
+    sched = StepScheduler(model, slots, clock=model.clock, step_clock=step_clock)  # type: ignore[arg-type]
     times: list[float] = []
     done = threading.Event()
     try:

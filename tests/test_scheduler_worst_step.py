@@ -6,8 +6,11 @@ says would go past the limit. Cost model and paste from tests/test_scheduler_mix
 
 from __future__ import annotations
 
-from test_scheduler_mixing import DECODE_S, USUAL_S, CostModel, run_paste
+import time
 
+from test_scheduler_mixing import DECODE_S, USUAL_S, CostModel, Slots, run_paste
+
+from npuchat.engine.scheduler import StepScheduler
 from npuchat.engine.step_costs import MIX_LIMIT, REFRESH_EVERY
 
 
@@ -43,3 +46,32 @@ def test_a_quieter_machine_after_the_usual_step_was_measured_does_not_widen_the_
     steps = list(zip(model.mixed_steps, model.mixed_cost, strict=True))[2 * REFRESH_EVERY :]
     later = [c / USUAL_S for n, c in steps if n > 1]
     assert later and max(later) <= MIX_LIMIT, (max(later), model.mixed_steps[:40])
+
+
+def test_on_a_busy_machine_chunks_are_sized_from_the_steps_cpu_time() -> None:
+    """Each step waits for a core a different while (wall ×1 to ×2), and the stream's usual
+    step was timed in a busier spell (×2.5): timed by wall, the budget is that spell's and the
+    first chunks cost ~2x; timed on the CPU clock, as the engine's steps are, the chunks keep
+    the steps' own cost within the limit."""
+    model = CostModel(load=1.0, wall_before=2.5)
+    run_paste(model, cpu_clock=True)
+    assert max(model.mixed_steps) > 2
+    assert dearest(model) <= MIX_LIMIT, (dearest(model), model.mixed_steps[:30])
+    by_wall = CostModel(load=1.0, wall_before=2.5)
+    run_paste(by_wall)
+    assert dearest(by_wall) > MIX_LIMIT  # what the CPU clock saves
+
+
+def test_the_engine_times_cpu_steps_on_the_scheduler_threads_cpu_clock() -> None:
+    model = CostModel()
+    sched = StepScheduler(model, Slots(model, []))  # type: ignore[arg-type]
+    try:
+        assert sched.step_clock is time.thread_time  # the thread that runs every step
+    finally:
+        sched.close()
+    model.mixes_steps = False  # the NPU's steps wait for the device: wall time
+    sched = StepScheduler(model, Slots(model, []))  # type: ignore[arg-type]
+    try:
+        assert sched.step_clock is time.perf_counter
+    finally:
+        sched.close()
