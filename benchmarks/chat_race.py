@@ -237,6 +237,23 @@ def llama_side(server: str, gguf: Path, threads: int, tokens: int) -> dict[str, 
 # ---------------------------------------------------------------- report
 
 
+def agreement(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> str:
+    """How many turns' replies are the same text on both sides, and where the first differ.
+
+    Both are greedy on the same weights, but two engines' float sums differ in order, so a
+    near tie between two tokens can go either way; a conversation whose reply differed then
+    goes on from different histories."""
+    same = [a["reply"] == b["reply"] for a, b in zip(ours, theirs, strict=True)]
+    line = f"replies the same text on both sides: {sum(same)} of {len(same)} turns"
+    for a, b, ok in zip(ours, theirs, same, strict=True):
+        if not ok:
+            x, y = a["reply"], b["reply"]
+            at = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), None)
+            at = min(len(x), len(y)) if at is None else at
+            return line + f" (first differs: c{a['conv']} t{a['turn']} at character {at})"
+    return line
+
+
 def report(npu: dict[str, Any] | None, llama: dict[str, Any] | None) -> None:
     sides = [(label, s) for label, s in (("npuchat", npu), ("llama-server", llama)) if s]
     head = "turn        " + "".join(f"{label:>30}" for label, _ in sides)
@@ -258,6 +275,7 @@ def report(npu: dict[str, Any] | None, llama: dict[str, Any] | None) -> None:
             f" (load {s['load_s']:.1f} s, not counted)"
         )
     if npu and llama:
+        print(agreement(npu["turns"], llama["turns"]))
         print(
             f"npuchat / llama-server: wall {npu['wall_s'] / llama['wall_s']:.2f}x, "
             f"CPU {npu['cpu_s'] / llama['cpu_s']:.2f}x (goal: wall <= 0.5x)"
