@@ -48,6 +48,8 @@ SOURCE_DIR = Path(__file__).parent / "native"
 SOURCES = (
     "qdot_scalar.cc",
     "qdot_avx2.cc",
+    "qdot_vnni.cc",  # qdot_avx2.cc again, on AVX-VNNI
+    "qdot_avx512.cc",  # and on AVX-512 VNNI
     "qmatmul_op.cc",
     "attention_op.cc",
     "attention_avx2.cc",
@@ -129,7 +131,7 @@ def _compiler() -> str:
 
 def _build_key(cxx: str) -> str:
     h = hashlib.sha256(HEADER_PACKAGE.encode() + b"+digest")  # builds that record their sha256
-    for name in (*SOURCES, "qblocks.h", "attention.h"):
+    for name in (*SOURCES, "qblocks.h", "qdot_x86.h", "attention.h"):
         h.update(name.encode())
         h.update((SOURCE_DIR / name).read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)

@@ -1,10 +1,13 @@
 """`npuchat.QMatMul` against numpy: the weights dequantized by gguf-py (independent code), the
 activations quantized per block by the rule the op documents (d = max|x| / 127, round half to
 even), the product in float64. Importable by the tests; run as a script it checks every type in
-a fresh process (`NPUCHAT_KERNEL_ISA=scalar` there tests the portable kernels) and prints JSON."""
+a fresh process (`NPUCHAT_KERNEL_ISA=scalar`, `avx2`, ... there tests that table) and prints JSON:
+the errors, the rows that differ alone and among others, and digests of the outputs (the VNNI
+tables must give the AVX2 tables' bits)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -93,7 +96,28 @@ def relative_errors(rows: int = 5) -> dict[str, float]:
     return out
 
 
+def rows_and_digests() -> tuple[list[str], dict[str, str]]:
+    """Per type and width (short rows go four at a time in the one-row kernels, long ones alone):
+    the cases where a row alone differs from the same row among nine, and a digest of the bytes."""
+    mismatches, digests = [], {}
+    for name in TYPES:
+        qtype = ggml_type(name)
+        for k in (256, 1024) if name in TYPES[:4] else (512, 1024):
+            raw = blocks(weights(75, k, seed=7), qtype)
+            x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32)
+            op = session(raw, qtype, k, threads=1)
+            many = op.run(None, {"x": x})[0]
+            alone = np.stack([op.run(None, {"x": x[i : i + 1]})[0][0] for i in range(9)])
+            mismatches += [
+                f"{name} K={k} row {i}" for i in range(9) if not np.array_equal(alone[i], many[i])
+            ]
+            digests[f"{name}/{k}"] = hashlib.sha256(many.tobytes() + alone.tobytes()).hexdigest()
+    return mismatches, digests
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     lib = kernel_library()
-    print(json.dumps({"isa": lib.isa, "errors": relative_errors()}))
+    mismatches, digests = rows_and_digests()
+    result = {"isa": lib.isa, "errors": relative_errors(), "mismatches": mismatches}
+    print(json.dumps({**result, "digests": digests}))

@@ -3,6 +3,7 @@ the portable kernels too, and clear errors for inputs that do not fit."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -42,16 +43,47 @@ def test_every_type_matches_numpy() -> None:
     assert all(e < TOLERANCE for e in errors.values()), errors
 
 
-def test_the_portable_kernels_match_numpy_too() -> None:
-    env = dict(os.environ, NPUCHAT_KERNEL_ISA="scalar")
+# Each kernel table and the CPU flags it needs (/proc/cpuinfo's names): every one this CPU has is
+# tested, whichever the default is.
+ISA_FLAGS = {
+    "scalar": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avxvnni": {"avx2", "fma", "f16c", "avx_vnni"},
+    "avx512vnni": {"avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512bw", "avx512_vnni"},
+}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split()}
+
+
+@functools.cache
+def _check(isa: str) -> dict:
+    env = dict(os.environ, NPUCHAT_KERNEL_ISA=isa, NPUCHAT_KERNELS="on")
     script = Path(__file__).parent / "qmatmul_check.py"
     proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["isa"] == "scalar"
-    assert all(e < TOLERANCE for e in result["errors"].values()), result
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("isa", list(ISA_FLAGS))
+def test_every_kernel_table_the_cpu_has_matches_numpy(isa: str) -> None:
+    """Each table in a fresh process (NPUCHAT_KERNEL_ISA): numbers against numpy, a row alone
+    equal to the row among others; the VNNI tables give the AVX2 table's bits."""
+    if not ISA_FLAGS[isa] <= _cpu_flags():
+        pytest.skip(f"this CPU lacks {isa}")
+    result = _check(isa)
+    assert result["isa"] == isa
+    assert all(e < TOLERANCE for e in result["errors"].values()), result["errors"]
+    assert result["mismatches"] == []
+    if isa in ("avxvnni", "avx512vnni"):
+        assert result["digests"] == _check("avx2")["digests"]
 
 
 def test_kernels_stay_close_to_the_float_product() -> None:

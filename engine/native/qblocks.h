@@ -1,5 +1,5 @@
 // GGUF weight blocks as llama.cpp lays them out, the int8 activation blocks they are multiplied
-// with, and the table of dot-product kernels (AVX2+FMA or portable, chosen at load time).
+// with, and the tables of dot-product kernels (VNNI, AVX2+FMA or portable, chosen at load time).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -142,5 +142,8 @@ struct Kernels {
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();  // nullptr when the CPU lacks AVX2/FMA/F16C
+const Kernels* avxvnni_kernels();     // the AVX2 kernels on AVX-VNNI (qdot_vnni.cc), or nullptr
+const Kernels* avx512vnni_kernels();  // the same on AVX-512 VNNI (qdot_avx512.cc), or nullptr
+const Kernels& chosen_kernels();      // what this process uses (qdot_scalar.cc)
 
 }  // namespace npq

@@ -4,61 +4,29 @@
 // 8-lane accumulator, a horizontal sum at the end; the bit-spreading constants of
 // bits_to_bytes and the Q4_K scale unpacking follow its bytes_from_bits_32 and
 // ggml_vec_dot_q4_K_q8_K.
+// qdot_vnni.cc and qdot_avx512.cc compile this file again for the VNNI targets, with NPQ_DOT_ADD / NPQ_PAIRS_ADD
+// as vpdpbusd / vpdpwssd: the same int32 sums (maddubs never saturates on these operands), the
+// same float steps, so those kernels give these kernels' bits.
 #include <immintrin.h>
 
 #include "qblocks.h"
 
-#define NPQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+#ifndef NPQ_TARGET
+#define NPQ_TARGET "avx2,fma,f16c"
+#define NPQ_ENTRY avx2_kernels
+#define NPQ_ISA "avx2"
+#define NPQ_CPU_HAS true
+// acc + u . s (unsigned x signed bytes, four lanes a sum); acc + pairs . scales (int16 pairs)
+#define NPQ_DOT_ADD(acc, u, s) \
+  _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#define NPQ_PAIRS_ADD(acc, pairs, scales) _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales))
+#endif
+#define NPQ_AVX2 __attribute__((target(NPQ_TARGET)))
+#include "qdot_x86.h"
 
 namespace npq {
 
 namespace {
-
-NPQ_AVX2 inline float hsum(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
-
-NPQ_AVX2 inline float half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, sizeof h);
-  return _cvtsh_ss(h);
-}
-
-NPQ_AVX2 inline __m256i load32(const void* p) {
-  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
-}
-
-// Signed int8 . signed int8 over 32 lanes -> 8 int32 partial sums.
-NPQ_AVX2 inline __m256i dot_i8(__m256i a, __m256i b) {
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
-
-// Unsigned (< 64) . signed int8 over 32 lanes, times one int16 scale per 16 lanes -> 8 int32.
-NPQ_AVX2 inline __m256i dot_u8_scaled(__m256i u, __m256i s, __m256i scales) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales);
-}
-
-// 16 bytes of nibbles -> 32 bytes: element j (low nibble of byte j) then element 16 + j.
-NPQ_AVX2 inline __m256i nibbles16(const uint8_t* p) {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0xF));
-}
-
-// 32 bits -> 32 bytes, 0xFF where the bit is set.
-NPQ_AVX2 inline __m256i bits_to_bytes(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(v)),
-      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
-}
 
 template <typename Act>
 NPQ_AVX2 inline const Act* act(const uint8_t* const* x, int r) {
@@ -76,13 +44,12 @@ NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, flo
     acc[r] = _mm256_setzero_ps();
     offsets[r] = 0.0f;
   }
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b, w += Bytes) {
     const __m256i q = Unpack(w);
     const float d = half(w);
     for (int r = 0; r < R; ++r) {
       const ActBlock& y = act<ActBlock>(x, r)[b];
-      const __m256i s = Signed ? dot_i8(q, load32(y.qs)) : dot_u8_scaled(q, load32(y.qs), ones);
+      const __m256i s = Signed ? dot_i8(q, load32(y.qs)) : dot_u8(q, load32(y.qs));
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(s), acc[r]);
       if (Offset) offsets[r] += half(w + 2) * y.sum;
     }
@@ -134,8 +101,8 @@ NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
       const __m256i s1 = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<int16_t>(((4 * j + 3) << 8) | (4 * j + 2))));
       for (int r = 0; r < R; ++r) {
         const int8_t* y = act<ActSuper>(x, r)[b].qs + 64 * j;
-        sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(dot_u8_scaled(lo, load32(y), s0),
-                                                             dot_u8_scaled(hi, load32(y + 32), s1)));
+        const __m256i both = dot_u8_scaled_add(dot_u8_scaled(lo, load32(y), s0), hi, load32(y + 32), s1);
+        sumi[r] = _mm256_add_epi32(sumi[r], both);
       }
     }
     const float d = half(w), dmin = half(w + 2);
@@ -203,10 +170,8 @@ NPQ_AVX2 void q6_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
       const __m256i s2 = two_scales<4>(both), s3 = two_scales<6>(both);
       for (int r = 0; r < R; ++r) {
         const int8_t* y = act<ActSuper>(x, r)[b].qs + 128 * h;
-        const __m256i a = _mm256_add_epi32(dot_u8_scaled(q0, load32(y), s0),
-                                           dot_u8_scaled(q1, load32(y + 32), s1));
-        const __m256i c = _mm256_add_epi32(dot_u8_scaled(q2, load32(y + 64), s2),
-                                           dot_u8_scaled(q3, load32(y + 96), s3));
+        const __m256i a = dot_u8_scaled_add(dot_u8_scaled(q0, load32(y), s0), q1, load32(y + 32), s1);
+        const __m256i c = dot_u8_scaled_add(dot_u8_scaled(q2, load32(y + 64), s2), q3, load32(y + 96), s3);
         sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(a, c));
       }
     }
@@ -266,13 +231,11 @@ NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int
     acc[c] = _mm256_setzero_ps();
     offsets[c] = _mm_setzero_ps();
   }
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int b = 0; b < nb; ++b) {
     const __m256i yq = load32(y[b].qs);
-    __m256i ybias = _mm256_setzero_si256();
+    __m256i ybias = _mm256_setzero_si256();  // -(1 << Shift) * the activations' four-lane sums
     if (Shift != 0) {
-      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), yq), ones);
-      ybias = _mm256_slli_epi32(sums, Shift);
+      ybias = _mm256_sub_epi32(ybias, _mm256_slli_epi32(dot_u8(_mm256_set1_epi8(1), yq), Shift));
     }
     // [d, sum] of the activation block: times the weight block's [d, m], one multiply gives
     // both of blocks_rows' scalar products.
@@ -280,8 +243,8 @@ NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int
     for (int c = 0; c < C; ++c) {
       const uint8_t* wb = w + c * stride + static_cast<size_t>(b) * Bytes;
       const __m256i q = Unpack(wb);
-      const __m256i s = Shift == 0 ? (Offset ? dot_u8_scaled(q, yq, ones) : dot_i8(q, yq))
-                                   : _mm256_sub_epi32(dot_u8_scaled(q, yq, ones), ybias);
+      const __m256i s = Shift == 0 ? (Offset ? dot_u8(q, yq) : dot_i8(q, yq))
+                                   : NPQ_DOT_ADD(ybias, q, yq);
       if (Offset) {
         uint32_t dm;
         std::memcpy(&dm, wb, 4);
@@ -381,14 +344,14 @@ NPQ_AVX2 void quantize_supers(const float* x, ActSuper* y, int k) {
 
 }  // namespace
 
-const Kernels* avx2_kernels() {
-  static const Kernels k{"avx2",          by_rows<Q4_0K>, by_rows<Q4_1K>,  by_rows<Q5_0K>,
+const Kernels* NPQ_ENTRY() {
+  static const Kernels k{NPQ_ISA,          by_rows<Q4_0K>, by_rows<Q4_1K>,  by_rows<Q5_0K>,
                          by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
                          quantize_supers, q4_0_cols,      q4_1_cols,       q5_0_cols,
                          q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                  __builtin_cpu_supports("f16c");
+                  __builtin_cpu_supports("f16c") && NPQ_CPU_HAS;
   return ok ? &k : nullptr;
 }
 

@@ -36,15 +36,7 @@ using npq::ActBlock;
 using npq::ActSuper;
 using npq::Kernels;
 
-const Kernels& chosen_kernels() {
-  static const Kernels* k = [] {
-    const char* force = std::getenv("NPUCHAT_KERNEL_ISA");
-    if (force != nullptr && std::string(force) == "scalar") return &npq::scalar_kernels();
-    const Kernels* fast = npq::avx2_kernels();
-    return fast != nullptr ? fast : &npq::scalar_kernels();
-  }();
-  return *k;
-}
+using npq::chosen_kernels;
 
 bool is_super(int type) { return type == npq::Q4_K || type == npq::Q6_K; }
 
@@ -405,7 +397,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   return api->AddCustomOpDomain(options, domain);
 }
 
-// Which kernels this process uses ("avx2" or "scalar"), for `npuchat doctor`.
+// Which kernels this process uses (avx512vnni, avxvnni, avx2, scalar), for `npuchat doctor`.
 __attribute__((visibility("default"))) const char* npuchat_kernel_isa() {
   return chosen_kernels().isa;
 }

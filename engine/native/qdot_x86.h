@@ -1,0 +1,71 @@
+// The AVX2 building blocks of qdot_avx2.cc (and of its VNNI builds, qdot_vnni.cc): horizontal
+// sums, halves, loads, the integer dots over NPQ_DOT_ADD / NPQ_PAIRS_ADD, nibble and bit
+// unpacking. Included after NPQ_AVX2 (the target attribute) and those two are defined.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace npq {
+
+namespace {
+
+NPQ_AVX2 inline float hsum(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+NPQ_AVX2 inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+
+NPQ_AVX2 inline __m256i load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// Signed int8 . signed int8 over 32 lanes -> 8 int32 partial sums.
+NPQ_AVX2 inline __m256i dot_i8(__m256i a, __m256i b) {
+  return NPQ_DOT_ADD(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+// Unsigned (< 128) . signed int8 over 32 lanes -> 8 int32.
+NPQ_AVX2 inline __m256i dot_u8(__m256i u, __m256i s) {
+  return NPQ_DOT_ADD(_mm256_setzero_si256(), u, s);
+}
+
+// Unsigned (< 64) . signed int8 over 32 lanes, times one int16 scale per 16 lanes -> 8 int32.
+NPQ_AVX2 inline __m256i dot_u8_scaled(__m256i u, __m256i s, __m256i scales) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales);
+}
+
+// acc + dot_u8_scaled(u, s, scales).
+NPQ_AVX2 inline __m256i dot_u8_scaled_add(__m256i acc, __m256i u, __m256i s, __m256i scales) {
+  return NPQ_PAIRS_ADD(acc, _mm256_maddubs_epi16(u, s), scales);
+}
+
+// 16 bytes of nibbles -> 32 bytes: element j (low nibble of byte j) then element 16 + j.
+NPQ_AVX2 inline __m256i nibbles16(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0xF));
+}
+
+// 32 bits -> 32 bytes, 0xFF where the bit is set.
+NPQ_AVX2 inline __m256i bits_to_bytes(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(v)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+}
+
+}  // namespace
+
+}  // namespace npq
