@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             run_time[0] += time.perf_counter() - s
 
     session.run_with_iobinding = timed_run  # type: ignore[method-assign]
-    for ctx in (128, 1024):
+    for ctx in args.contexts:
         if model.n_past < ctx:
             model.prefill(token_ids(vocab, ctx - model.n_past, 2))
         model.rollback(ctx)
@@ -229,6 +229,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--floor", action="store_true")
     ap.add_argument("--no-row-padding", action="store_true")
+    ap.add_argument(  # isa_ab.py: 128 alone (the 1024 prefill would double a run's time)
+        "--contexts", type=lambda v: [int(c) for c in v.split(",")], default=[128, 1024]
+    )
     worker(ap.parse_args())  # prints its figures
 
 

@@ -33,6 +33,7 @@ FIGURES = (  # (threads, worker key, label)
 
 def _run(model: Path, cache: Path, threads: int, isa: str) -> dict[str, Any]:
     cmd = [sys.executable, str(WORKER), str(model), "run", str(cache), "--threads", str(threads)]
+    cmd += ["--contexts", "128"]
     env = dict(os.environ, NPUCHAT_KERNELS="on", NPUCHAT_KERNEL_ISA=isa)
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = res.stdout.strip().splitlines()
