@@ -79,14 +79,6 @@ class CostModel:
         self.ran_capacity = 0
         self.unready = 3
 
-    def reseed(self) -> None:
-        """Restart the noise and load draws: the stream runs a varying number of steps before
-        the paste arrives (thread timing), which would otherwise shift every later draw."""
-        if self.noise is not None:
-            self.noise = np.random.default_rng(7)
-        if self.load is not None:
-            self.load = np.random.default_rng(11)
-
     @property
     def capacity(self) -> int:
         need = max(self.held, *self.lengths)
@@ -239,7 +231,6 @@ def run_paste(
             assert t.is_alive() and time.monotonic() < deadline, "the stream stopped decoding"
             time.sleep(0.001)
         start = model.clock()
-        model.reseed()  # the paste's steps draw the same noise however many came before
         sched.register(paste, INTERACTIVE, None)
         ids = list(range(PASTE))
         for i in range(0, PASTE, part):
