@@ -15,7 +15,7 @@ from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .graph_ops import Graph
 from .layer_inputs import MASK_NEG
 
-__all__ = ["attend_inplace", "attend_split"]
+__all__ = ["attend_inplace", "attend_split", "rope_attend"]
 
 
 def attend_split(
@@ -127,6 +127,41 @@ def attend_inplace(
     if v_scale:
         probs = gr.op("Mul", [probs, v_scale])
     return gr.op("MatMul", [probs, v_all])
+
+
+def rope_attend(
+    gr: Graph,
+    i: int,
+    qkv: str,
+    heads: tuple[int, int],
+    rope: tuple[str, str],
+    slots: str,
+    mask: str,
+    row_select: bool,
+) -> str:
+    """One layer's attention from its Q|K|V matmul rows to the output projection's input rows,
+    as the native `npuchat.RopeAttention` op: the rows' split and rotary, the new K/V rows
+    written into a float32 cache in place (`present_*_i`, bound to the past buffers), and
+    `npuchat.Attention`'s arithmetic over the mask's slots, in one op instead of seventeen (a
+    small model's decode step pays per op). `heads`: (H, Hkv); `rope`: its (cos, sin) inputs;
+    `row_select`: `row_tokens` / `token_rows` pick the matmuls' rows (module doc of
+    `graph_builder`). The results are the separate ops' bit for bit
+    (`tests/test_rope_attention.py`). Not for Q/K head norms (qwen3, gemma3): ONNX Runtime's
+    SimplifiedLayerNormalization sums in an order the op would have to match bit for bit.
+    """
+    inputs = [qkv, *rope, slots, f"past_k_{i}", f"past_v_{i}", mask]
+    if row_select:
+        inputs += ["row_tokens", "token_rows"]
+    att, _, _ = gr.op(
+        "RopeAttention",
+        inputs,
+        outputs=[f"rope_attention_{i}", f"present_k_{i}", f"present_v_{i}"],
+        domain=KERNEL_DOMAIN,
+        num_heads=heads[0],
+        kv_heads=heads[1],
+        hidden=MASK_NEG,
+    )
+    return att
 
 
 def _store_rows(

@@ -90,7 +90,7 @@ from onnx import helper
 from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_attention import attend_inplace, attend_split
+from .graph_attention import attend_inplace, attend_split, rope_attend
 from .graph_inputs import GraphDims, GraphSpec, graph_io
 from .graph_ops import (
     Graph,
@@ -102,7 +102,7 @@ from .graph_ops import (
     linear,
     normed_linear,
 )
-from .graph_weights import WEIGHTS_FILE, Weights, llama_rope_permutation, write_weights
+from .graph_weights import WEIGHTS_FILE, Layer, Weights, llama_rope_permutation, write_weights
 from .kv_smoothing import graph_layout, k_smoothing
 from .layer_inputs import MASK_NEG, rope_tables
 
@@ -195,9 +195,17 @@ def make_graph(
         summed = gr.op("Add", [x, delta])
         return gr.op("SimplifiedLayerNormalization", [summed, weight], axis=-1, epsilon=eps), summed
 
+    def rotary(local: bool) -> tuple[str, str]:
+        """A layer's (cos, sin) inputs."""
+        return ("cos_swa", "sin_swa") if local and cfg.local_rope else ("cos", "sin")
+
     def rope(x: str, local: bool, out: str | None = None) -> str:
-        cos, sin = ("cos_swa", "sin_swa") if local and cfg.local_rope else ("cos", "sin")
-        return gr.op("RotaryEmbedding", [x, cos, sin], outputs=[out] if out else None)
+        return gr.op("RotaryEmbedding", [x, *rotary(local)], outputs=[out] if out else None)
+
+    def cache_io(local: bool) -> tuple[str, str]:
+        """An in-place layer's slot input and its own (untiled) mask."""
+        slots = "kv_slots_swa" if local and ring and cfg.mixed_windows else "kv_slots"
+        return slots, "mask_swa" if local and cfg.mixed_windows else "mask"
 
     def post_norm(x: str, weight: str) -> str:
         if not weight:
@@ -231,14 +239,10 @@ def make_graph(
             x = gr.op("SimplifiedLayerNormalization", [x, norm_weight], axis=-1, epsilon=eps)
         return gr.op("Transpose", [gr.op("Reshape", [x, per_head(n)])], perm=[0, 2, 1, 3])
 
-    for i, layer in enumerate(weights.layers):
-        local = bool(cfg.swa_layers) and cfg.swa_layers[i]
+    def attention(i: int, layer: Layer, local: bool, qkv: str) -> str:
+        """Layer i's attention as separate ops, from its Q|K|V rows to the rows the output
+        projection reads (what `rope_attend` fuses where it applies)."""
         mask = masks[local and cfg.mixed_windows]
-        if fuse_norms and delta is not None and fuses_norm(layer.qkv):
-            qkv, x = normed_linear(gr, x, Norm(layer.attn_norm, eps, delta), layer.qkv)
-        else:
-            n1, x = norm(x, layer.attn_norm, delta)
-            qkv = linear(gr, n1, layer.qkv, level, pad)
         if spec.row_select:  # back to the B·S rows attention takes
             qkv = gr.op("Gather", [qkv, "row_tokens"], axis=0)
         q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
@@ -254,10 +258,9 @@ def make_graph(
         )
         smooth = graph_layout(k_smooth[i], cfg) if spec.kv_dtype == "int8" else None
         if inplace:  # no [C, S] column split: attention reads the cache only
-            slots = "kv_slots_swa" if local and ring and cfg.mixed_windows else "kv_slots"
+            slots, own_mask = cache_io(local)
             store = (spec.kv_dtype, dh)
             window = windows(local) if spec.attn_window else None
-            own_mask = "mask_swa" if local and cfg.mixed_windows else "mask"
             native = own_mask if spec.native_kernels else None
             att = attend_inplace(
                 gr, i, q, rope(k, local), v, mask, store, smooth, slots, window, native
@@ -271,6 +274,22 @@ def make_graph(
         att = gr.op("Reshape", [att, gr.ints([-1, h * dh])])
         if spec.row_select:
             att = gr.op("Gather", [att, "token_rows"], axis=0)
+        return att
+
+    for i, layer in enumerate(weights.layers):
+        local = bool(cfg.swa_layers) and cfg.swa_layers[i]
+        if fuse_norms and delta is not None and fuses_norm(layer.qkv):
+            qkv, x = normed_linear(gr, x, Norm(layer.attn_norm, eps, delta), layer.qkv)
+        else:
+            n1, x = norm(x, layer.attn_norm, delta)
+            qkv = linear(gr, n1, layer.qkv, level, pad)
+        fused = inplace and spec.native_kernels and spec.fused_attention
+        if fused and spec.kv_dtype == "f32" and not (layer.q_norm or layer.k_norm):
+            att = rope_attend(
+                gr, i, qkv, (h, hkv), rotary(local), *cache_io(local), spec.row_select
+            )
+        else:
+            att = attention(i, layer, local, qkv)
         attn_out = post_norm(linear(gr, att, layer.out, level, pad), layer.post_attn_norm)
         if fuse_norms and glu_fuses(layer.gate_up, cfg.activation):
             ffn_norm = Norm(layer.ffn_norm, eps, attn_out)

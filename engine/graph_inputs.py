@@ -37,6 +37,7 @@ class GraphSpec:
     row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
     attn_window: bool = False  # in place: attention reads the cache's first W slots (W: mask)
+    fused_attention: bool = True  # native, in place, f32: `npuchat.RopeAttention` (rope_attend)
 
     @classmethod
     def cpu(
@@ -109,6 +110,8 @@ class GraphSpec:
             del key["native_kernels"]
         if not key["attn_window"]:
             del key["attn_window"]
+        if not (self.kv_inplace and self.native_kernels):  # builds nothing else
+            del key["fused_attention"]
         return key
 
 

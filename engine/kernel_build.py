@@ -53,6 +53,8 @@ SOURCES = (
     "qmatmul_op.cc",
     "attention_op.cc",
     "attention_avx2.cc",
+    "rope_attention_op.cc",
+    "kernels_entry.cc",
 )
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"

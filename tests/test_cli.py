@@ -108,7 +108,7 @@ def test_doctor_on_the_cpu_loads_the_graph(
     assert model["ok"] and graph["graph"] == "decoder"
     quantized = graph["ops"].get("MatMulNBits", 0) + graph["ops"].get("QMatMul", 0)
     assert quantized >= 7  # the 4-bit projections stay 4-bit (ORT's kernels or the native ones)
-    assert graph["nodes"] == sum(graph["ops"].values()) > 50
+    assert graph["nodes"] == sum(graph["ops"].values()) > 10  # 2 layers, ~9 ops each
     assert main(["doctor", "--model", "syn-cpu", "--device", "cpu"]) == 0
     assert "loaded on the CPU EP" in capsys.readouterr().out
 

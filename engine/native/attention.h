@@ -79,4 +79,8 @@ struct Rows {
 void run_task_avx2(void* data, size_t t);
 void run_task_scalar(void* data, size_t t);
 
+// The one of them this process runs (NPUCHAT_KERNEL_ISA=scalar forces the portable rows).
+using TaskFn = void (*)(void*, size_t);
+TaskFn attention_task();
+
 }  // namespace npuchat_attention

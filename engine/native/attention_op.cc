@@ -70,15 +70,7 @@ void run_task_scalar(void* data, size_t t) {
   }
 }
 
-}  // namespace npuchat_attention
-
-namespace {
-
-using namespace npuchat_attention;
-
-using TaskFn = void (*)(void*, size_t);
-
-TaskFn chosen_task() {
+TaskFn attention_task() {
   static const TaskFn f = [] {
     const char* force = std::getenv("NPUCHAT_KERNEL_ISA");
     if (force != nullptr && std::string(force) == "scalar") return &run_task_scalar;
@@ -88,6 +80,12 @@ TaskFn chosen_task() {
   }();
   return f;
 }
+
+}  // namespace npuchat_attention
+
+namespace {
+
+using namespace npuchat_attention;
 
 OrtStatusPtr error(OrtErrorCode code, const std::string& msg) {
   return Ort::GetApi().CreateStatus(code, ("npuchat.Attention: " + msg).c_str());
@@ -150,9 +148,9 @@ struct AttentionKernel {
             row_tasks};
     const size_t tasks = static_cast<size_t>(b * hkv * row_tasks);
     if (tasks == 1) {
-      chosen_task()(&job, 0);
+      attention_task()(&job, 0);
     } else {
-      ctx.ParallelFor(chosen_task(), tasks, 0, &job);
+      ctx.ParallelFor(attention_task(), tasks, 0, &job);
     }
     return nullptr;
   }
@@ -184,7 +182,7 @@ struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
 
 }  // namespace
 
-// The op for the library's registration entry point (qmatmul_op.cc).
+// The op for the library's registration entry point (kernels_entry.cc).
 const OrtCustomOp* npuchat_attention_op() {
   static AttentionOp op;
   return &op;

@@ -24,7 +24,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -374,32 +373,8 @@ struct QMatMulOp : Ort::CustomOpBase<QMatMulOp, QMatMulKernel, true> {
 
 }  // namespace
 
-const OrtCustomOp* npuchat_attention_op();  // attention_op.cc
-
-extern "C" {
-
-// ONNX Runtime's entry point for SessionOptions.register_custom_ops_library.
-__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
-RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
-  if (api == nullptr) return nullptr;  // an older runtime: the session fails on the unknown op
-  Ort::InitApi(api);
+// The op for the library's registration entry point (kernels_entry.cc).
+const OrtCustomOp* npuchat_qmatmul_op() {
   static QMatMulOp op;
-  static OrtCustomOpDomain* domain = nullptr;
-  static std::once_flag once;
-  OrtStatus* status = nullptr;
-  std::call_once(once, [&] {
-    status = api->CreateCustomOpDomain("npuchat", &domain);
-    if (status == nullptr) status = api->CustomOpDomain_Add(domain, &op);
-    if (status == nullptr) status = api->CustomOpDomain_Add(domain, npuchat_attention_op());
-  });
-  if (status != nullptr) return status;
-  return api->AddCustomOpDomain(options, domain);
+  return &op;
 }
-
-// Which kernels this process uses (avx512vnni, avxvnni, avx2, scalar), for `npuchat doctor`.
-__attribute__((visibility("default"))) const char* npuchat_kernel_isa() {
-  return chosen_kernels().isa;
-}
-
-}  // extern "C"

@@ -1,0 +1,153 @@
+"""`npuchat.RopeAttention`: one op for a layer's rotary, cache writes and attention, with the
+separate ops' results bit for bit, and a clear error for indices a graph could feed it wrong."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from npuchat.engine.custom_ops import DOMAIN, kernels_for, register_kernels
+from npuchat.engine.graph_inputs import GraphSpec
+from npuchat.engine.model import Model
+
+if shutil.which("g++") is None or shutil.which("npm") is None:
+    pytest.skip("building the kernels needs g++ and npm", allow_module_level=True)
+
+CASES = {  # the archs without Q/K head norms (qwen3 and gemma3 keep the separate ops)
+    "qwen2-q4_k_m": ("qwen2", {"default": "q4_k", "attn_v": "q6_k", "output": "q6_k"}),
+    "llama-q4_1": ("llama", {"default": "q4_1", "token_embd": "q8_0"}),
+    "phi3-q5_0": ("phi3", "q5_0"),
+}
+
+
+@pytest.fixture(autouse=True)
+def native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPUCHAT_KERNELS", "on")
+
+
+def _ops(model: Model) -> Counter[str]:
+    graph = onnx.load(str(model.graph_dir / "decoder.onnx"), load_external_data=False)
+    return Counter(n.op_type for n in graph.graph.node)
+
+
+def _steps(m: Model, ids: list[int]) -> list[np.ndarray]:
+    """A chunked prefill, decode steps, a verify, and a two-row batched decode step."""
+    m.exact_decode = False
+    out = [m.prefill(ids[:21])] + [m.decode(t) for t in ids[21:24]]
+    out += list(m.verify(ids[24:28]))
+    m.rollback(0, row=1)
+    m.prefill(ids[:9], row=1)
+    out += list(m.decode_batch([ids[28], ids[9]], first_row=0))
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fused_op_changes_no_bit(
+    synthetic_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    arch, types = CASES[case]
+    path = synthetic_gguf(arch, types)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 256, 30)]
+    runs = {}
+    cpu = GraphSpec.cpu
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(
+                GraphSpec,
+                "cpu",
+                classmethod(lambda cls, *a, **k: replace(cpu(*a, **k), fused_attention=False)),
+            )
+        with Model.load(
+            path, cache_dir=tmp_path / str(fused), prefill_chunk=8, verify_k=4, batch_max=2
+        ) as m:
+            ops = _ops(m)
+            n = m.config.n_layers
+            assert (
+                ops["RopeAttention"] == (n if fused else 0)
+                and ops["Attention"] == n - ops["RopeAttention"]
+            )
+            assert ops["RotaryEmbedding"] == (0 if fused else 2 * n)
+            assert ops["ScatterND"] == (0 if fused else 2 * n)
+            runs[fused] = _steps(m, ids)
+    for a, b in zip(runs[True], runs[False], strict=True):
+        assert np.array_equal(a, b)
+
+
+def _session() -> ort.InferenceSession:
+    """The op alone: H 2, Hkv 1, dh 4, B 1, S 2, C 4; no row selection."""
+    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("qkv", f32, [2, 16]),
+        helper.make_tensor_value_info("cos", f32, [1, 2, 2]),
+        helper.make_tensor_value_info("sin", f32, [1, 2, 2]),
+        helper.make_tensor_value_info("slots", i64, [1, 1, 2, 3]),
+        helper.make_tensor_value_info("past_k", f32, [1, 1, 4, 4]),
+        helper.make_tensor_value_info("past_v", f32, [1, 1, 4, 4]),
+        helper.make_tensor_value_info("mask", f32, [1, 1, 2, 4]),
+    ]
+    outputs = [helper.make_tensor_value_info(n, f32, None) for n in ("y", "k", "v")]
+    node = helper.make_node(
+        "RopeAttention",
+        [i.name for i in inputs],
+        ["y", "k", "v"],
+        domain=DOMAIN,
+        num_heads=2,
+        kv_heads=1,
+    )
+    graph = helper.make_graph([node], "op", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)]
+    )
+    so = ort.SessionOptions()
+    register_kernels(so, kernels_for(4))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _feeds(slot: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    angles = np.array([[[0.0, 0.0], [0.5, 0.25]]], np.float32)
+    mask = np.array([[[[0, -np.inf, -np.inf, -np.inf], [0, 0, -np.inf, -np.inf]]]], np.float32)
+    return {
+        "qkv": rng.standard_normal((2, 16)).astype(np.float32),
+        "cos": np.cos(angles),
+        "sin": np.sin(angles),
+        "slots": np.array([[[[0, 0, 0], [0, 0, slot]]]], np.int64),
+        "past_k": np.zeros((1, 1, 4, 4), np.float32),
+        "past_v": np.zeros((1, 1, 4, 4), np.float32),
+        "mask": mask,
+    }
+
+
+def test_the_op_alone_against_numpy() -> None:
+    feeds = _feeds(1)
+    y, k, v = _session().run(None, feeds)
+    x, c, s = feeds["qkv"], feeds["cos"][0], feeds["sin"][0]
+
+    def rope(row: np.ndarray, t: int) -> np.ndarray:
+        a, b = row[:2], row[2:]
+        return np.concatenate([a * c[t] - b * s[t], a * s[t] + b * c[t]])
+
+    keys = np.stack([rope(x[t, 8:12], t) for t in range(2)])
+    values = x[:, 12:16]
+    np.testing.assert_allclose(k[0, 0, :2], keys, rtol=1e-6)
+    np.testing.assert_array_equal(v[0, 0, :2], values)
+    for t in range(2):
+        for head in range(2):
+            q = rope(x[t, 4 * head : 4 * head + 4], t)
+            scores = keys[: t + 1] @ q
+            p = np.exp(scores - scores.max())
+            want = (p / p.sum()) @ values[: t + 1]
+            np.testing.assert_allclose(y[t, 4 * head : 4 * head + 4], want, rtol=1e-5)
+
+
+def test_a_slot_outside_the_cache_is_an_error_not_a_write() -> None:
+    with pytest.raises(Exception, match="slot index lies outside the cache"):
+        _session().run(None, _feeds(4))
