@@ -138,6 +138,7 @@ def rope_attend(
     slots: str,
     mask: str,
     row_select: bool,
+    norms: tuple[str, str, float] = ("", "", 0.0),
 ) -> str:
     """One layer's attention from its Q|K|V matmul rows to the output projection's input rows,
     as the native `npuchat.RopeAttention` op: the rows' split and rotary, the new K/V rows
@@ -145,13 +146,15 @@ def rope_attend(
     `npuchat.Attention`'s arithmetic over the mask's slots, in one op instead of seventeen (a
     small model's decode step pays per op). `heads`: (H, Hkv); `rope`: its (cos, sin) inputs;
     `row_select`: `row_tokens` / `token_rows` pick the matmuls' rows (module doc of
-    `graph_builder`). The results are the separate ops' bit for bit
-    (`tests/test_rope_attention.py`). Not for Q/K head norms (qwen3, gemma3): ONNX Runtime's
-    SimplifiedLayerNormalization sums in an order the op would have to match bit for bit.
+    `graph_builder`); `norms`: the layer's Q and K head-norm weights ("" for none) and their
+    epsilon (qwen3, gemma3). The results are the separate ops' bit for bit
+    (`tests/test_rope_attention.py`).
     """
     inputs = [qkv, *rope, slots, f"past_k_{i}", f"past_v_{i}", mask]
-    if row_select:
-        inputs += ["row_tokens", "token_rows"]
+    inputs += ["row_tokens", "token_rows"] if row_select else ["", ""]
+    inputs += norms[:2]
+    while not inputs[-1]:  # optional inputs at the end are left out
+        inputs.pop()
     att, _, _ = gr.op(
         "RopeAttention",
         inputs,
@@ -160,6 +163,7 @@ def rope_attend(
         num_heads=heads[0],
         kv_heads=heads[1],
         hidden=MASK_NEG,
+        epsilon=norms[2],
     )
     return att
 

@@ -284,9 +284,11 @@ def make_graph(
             n1, x = norm(x, layer.attn_norm, delta)
             qkv = linear(gr, n1, layer.qkv, level, pad)
         fused = inplace and spec.native_kernels and spec.fused_attention
-        if fused and spec.kv_dtype == "f32" and not (layer.q_norm or layer.k_norm):
+        head_norms = bool(layer.q_norm or layer.k_norm)
+        if fused and spec.kv_dtype == "f32" and (dh % 8 == 0 or not head_norms):
+            norms = (layer.q_norm, layer.k_norm, eps)
             att = rope_attend(
-                gr, i, qkv, (h, hkv), rotary(local), *cache_io(local), spec.row_select
+                gr, i, qkv, (h, hkv), rotary(local), *cache_io(local), spec.row_select, norms
             )
         else:
             att = attention(i, layer, local, qkv)

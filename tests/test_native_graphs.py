@@ -60,12 +60,10 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
         ops = _ops(m)
         assert ops["QMatMul"] > 0 and any(f"({isa})" in m.kernels for isa in ISAS)
         assert ops["Sigmoid"] == 0  # gate|up share a block type: the op computes SwiGLU
-        # attention reads the float32 cache in place (no Softmax, no attention MatMuls); fused
-        # with its rotary and cache writes where Q and K have no head norms
-        norms = arch in ("qwen3", "gemma3")
-        fused = ops["Attention"] if norms else ops["RopeAttention"]
-        assert fused == m.config.n_layers and ops["Softmax"] == 0
-        assert ops["RotaryEmbedding"] == (2 * m.config.n_layers if norms else 0)
+        # attention reads the float32 cache in place (no Softmax, no attention MatMuls), fused
+        # with its rotary, head norms and cache writes (`npuchat.RopeAttention`)
+        assert ops["RopeAttention"] == m.config.n_layers and ops["Softmax"] == 0
+        assert ops["RotaryEmbedding"] == ops["Attention"] == 0
         if case == "phi3-q5_0":
             assert ops["MatMulNBits"] == 0 and ops["MatMul"] == m.config.n_layers  # f16 down
         else:

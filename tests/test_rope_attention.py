@@ -21,10 +21,12 @@ from npuchat.engine.model import Model
 if shutil.which("g++") is None or shutil.which("npm") is None:
     pytest.skip("building the kernels needs g++ and npm", allow_module_level=True)
 
-CASES = {  # the archs without Q/K head norms (qwen3 and gemma3 keep the separate ops)
+CASES = {  # qwen3 and gemma3: Q/K head norms; gemma3: sliding-window layers on rings
     "qwen2-q4_k_m": ("qwen2", {"default": "q4_k", "attn_v": "q6_k", "output": "q6_k"}),
     "llama-q4_1": ("llama", {"default": "q4_1", "token_embd": "q8_0"}),
     "phi3-q5_0": ("phi3", "q5_0"),
+    "qwen3-q4_0": ("qwen3", "q4_0"),
+    "gemma3-q8_0": ("gemma3", "q8_0"),
 }
 
 

@@ -32,6 +32,20 @@ def live_nodes() -> int:
     return sum(1 for o in gc.get_objects() if isinstance(o, DOMNode))
 
 
+async def settled_nodes(pilot: Pilot[None]) -> int:
+    """`live_nodes()` once the app has settled: the same count twice, a short pause apart (the
+    last messages of a reply or of a background title still being handled mount and drop
+    widgets for a moment; a node that stays alive stays in every count)."""
+    last = -1
+    for _ in range(40):
+        await pilot.pause(0.05)
+        now = live_nodes()
+        if now == last:
+            break
+        last = now
+    return now
+
+
 async def new_conversation(pilot: Pilot[None], screen: ChatScreen, text: str) -> None:
     await pilot.press("ctrl+n")
     await wait_until(pilot, lambda: screen.conversation is None, "a new chat")
@@ -52,7 +66,7 @@ def test_new_conversations_leave_only_their_sidebar_row_alive(store: Conversatio
         for turn in range(6):
             await new_conversation(pilot, screen, f"Question {turn}")
             if turn in (1, 5):
-                counts.append(live_nodes())
+                counts.append(await settled_nodes(pilot))
                 rows = len(screen.query(ConversationItem))
                 counts.append(rows)
 
@@ -114,7 +128,7 @@ def test_closed_dialogs_are_released(store: ConversationStore) -> None:
             await wait_until(pilot, lambda: pilot.app.screen is screen, "the chat again")
             await pilot.pause()
             if turn in (1, 5):
-                counts.append(live_nodes())
+                counts.append(await settled_nodes(pilot))
 
     run_chat(make_app(ScriptedEngine(), store), scenario)
     assert counts[1] <= counts[0], f"{counts[1] - counts[0]} nodes kept by 4 closed dialogs"

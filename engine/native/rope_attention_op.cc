@@ -8,19 +8,25 @@
 //            new K/V rows); past_k, past_v float32 [B, Hkv, C, dh]; mask float32 [B, 1, S, A];
 //            optional row_tokens int64 [B S] (the qkv row of each token position; absent:
 //            position p is row p) and token_rows int64 [N] (the positions the output keeps;
-//            absent: all B S)
-//   attrs:   num_heads H, kv_heads Hkv; hidden as `npuchat.Attention`'s
+//            absent: all B S); optional q_norm, k_norm float32 [dh]: each head's row of Q /
+//            K RMS-normed and scaled by them before the rotary (qwen3, gemma3)
+//   attrs:   num_heads H, kv_heads Hkv; hidden as `npuchat.Attention`'s; epsilon (the norms')
 //   outputs: y float32 [N, H dh]; present_k, present_v: the cache with the new rows written
 //            (bound to the past buffers by the host: written in place, else copied first)
 //
-// The numbers are those of the ops it replaces: rotary as ONNX Runtime's MLAS kernel computes
-// it (x1 cos - x2 sin and x1 sin + x2 cos, each as one fused multiply-add over a rounded
-// product), rows scattered in ScatterND's order, and `npuchat.Attention`'s own tasks over the
-// same Q layout, so a row's result is the same at any row count (verify = decode).
+// The numbers are those of the ops it replaces: the head norms as ONNX Runtime's
+// SimplifiedLayerNormalization computes them on x86 (squares summed by fused multiply-adds in
+// eight lanes, the lanes added as (0+4, 1+5, 2+6, 3+7), then pairs, then the two; each value
+// times the inverse root, then the weight: found by probing it, `tests/test_rope_attention.py`
+// holds it to that), rotary as its MLAS kernel does (x1 cos - x2 sin and x1 sin + x2 cos, each
+// one fused multiply-add over a rounded product), rows scattered in ScatterND's order, and
+// `npuchat.Attention`'s own tasks over the same Q layout, so a row's result is the same at any
+// row count (verify = decode).
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -34,6 +40,7 @@ namespace {
 using namespace npuchat_attention;
 
 using RopeFn = void (*)(const float* x, const float* cs, const float* sn, int64_t half, float* out);
+using NormFn = void (*)(const float* x, const float* w, float eps, int64_t dh, float* out);
 
 // out = x rotated by the position's angles: halves (x1, x2) -> (x1 c - x2 s, x1 s + x2 c).
 __attribute__((always_inline)) inline void rope_body(const float* x, const float* cs,
@@ -57,6 +64,39 @@ RopeFn chosen_rope() {
   return __builtin_cpu_supports("fma") ? &rope_fma : &rope_portable;
 }
 
+// out = x / rms(x) * w, in the order of the note at the top (dh a multiple of 8).
+__attribute__((always_inline)) inline void norm_body(const float* x, const float* w, float eps,
+                                                     int64_t dh, float* out) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < dh; i += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] = std::fma(x[i + l], x[i + l], lane[l]);
+  }
+  float half[4];
+  for (int l = 0; l < 4; ++l) half[l] = lane[l] + lane[l + 4];
+  const float squares = (half[0] + half[2]) + (half[1] + half[3]);
+  const float inv = 1.0f / std::sqrt(squares / static_cast<float>(dh) + eps);
+  for (int64_t i = 0; i < dh; ++i) out[i] = x[i] * inv * w[i];
+}
+__attribute__((target("avx2,fma"))) void norm_fma(const float* x, const float* w, float eps,
+                                                  int64_t dh, float* out) {
+  norm_body(x, w, eps, dh, out);
+}
+void norm_portable(const float* x, const float* w, float eps, int64_t dh, float* out) {
+  norm_body(x, w, eps, dh, out);
+}
+NormFn chosen_norm() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("fma") ? &norm_fma : &norm_portable;
+}
+
+// One head's row as the rotary reads it: normed into `tmp` when the layer norms its heads.
+const float* head_row(NormFn norm, const float* x, const float* w, float eps, int64_t dh,
+                      float* tmp) {
+  if (w == nullptr) return x;
+  norm(x, w, eps, dh, tmp);
+  return tmp;
+}
+
 OrtStatusPtr error(const std::string& msg) {
   return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, ("npuchat.RopeAttention: " + msg).c_str());
 }
@@ -77,10 +117,27 @@ const int64_t* indices(const Ort::ConstValue& v, int64_t limit, bool* bad) {
   return p;
 }
 
+struct RopeAttentionKernel;
+
+constexpr int64_t POSITIONS_PER_TASK = 16;
+
+// Q rows of positions [t * POSITIONS_PER_TASK, ...) normed (when the layer norms its heads),
+// rotated and laid out as `npuchat.Attention` reads them; each is independent of the others.
+struct QJob {
+  const RopeAttentionKernel* kern;
+  const float* x;
+  const int64_t* rt;
+  const float *cos, *sin, *norm;
+  float* q;
+  int64_t positions, s, g, width, half, dh;
+};
+void rotate_q(void* data, size_t t);
+
 struct RopeAttentionKernel {
   int64_t h = 0, hkv = 0;
-  float hidden = NEG_INF;
+  float hidden = NEG_INF, eps = 0.0f;
   RopeFn rope = chosen_rope();
+  NormFn norm = chosen_norm();
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
     try {
@@ -96,6 +153,7 @@ struct RopeAttentionKernel {
     const Ort::ConstValue slots = ctx.GetInput(3), pk = ctx.GetInput(4), pv = ctx.GetInput(5);
     const Ort::ConstValue mask = ctx.GetInput(6);
     const Ort::ConstValue row_tokens = optional(ctx, 7), token_rows = optional(ctx, 8);
+    const Ort::ConstValue q_norm = optional(ctx, 9), k_norm = optional(ctx, 10);
     const auto xs = qkv.GetTensorTypeAndShapeInfo().GetShape();
     const auto cs = cos.GetTensorTypeAndShapeInfo().GetShape();
     const auto ks = pk.GetTensorTypeAndShapeInfo().GetShape();
@@ -118,6 +176,13 @@ struct RopeAttentionKernel {
     if (bad || (rt == nullptr && xs[0] != positions)) {
       return error("row_tokens / token_rows out of range, or qkv rows != B S without row_tokens");
     }
+    const bool norms = q_norm != nullptr || k_norm != nullptr;
+    if ((q_norm != nullptr && count(q_norm) != static_cast<size_t>(dh)) ||
+        (k_norm != nullptr && count(k_norm) != static_cast<size_t>(dh)) || (norms && dh % 8 != 0)) {
+      return error("q_norm and k_norm must hold dh values, dh a multiple of 8");
+    }
+    const float* qn = q_norm != nullptr ? q_norm.GetTensorData<float>() : nullptr;
+    const float* kn = k_norm != nullptr ? k_norm.GetTensorData<float>() : nullptr;
     const int64_t* sl = slots.GetTensorData<int64_t>();
     if (slots.GetTensorTypeAndShapeInfo().GetShape() != std::vector<int64_t>{b, hkv, s, 3}) {
       return error("slots must be [B, Hkv, S, 3]");
@@ -141,14 +206,14 @@ struct RopeAttentionKernel {
     const int64_t g = h / hkv, rows = g * s;
     const float* x = qkv.GetTensorData<float>();
     const float *cos_p = cos.GetTensorData<float>(), *sin_p = sin.GetTensorData<float>();
-    std::vector<float> q(static_cast<size_t>(b * h * s * dh)), att(q.size());
-    for (int64_t p = 0; p < positions; ++p) {
-      const float* row = x + (rt != nullptr ? rt[p] : p) * width;
-      const int64_t bi = p / s, si = p % s;
-      for (int64_t hi = 0; hi < h; ++hi) {
-        float* dst = q.data() + ((bi * hkv + hi / g) * rows + hi % g * s + si) * dh;
-        rope(row + hi * dh, cos_p + p * half, sin_p + p * half, half, dst);
-      }
+    std::vector<float> q(static_cast<size_t>(b * h * s * dh)), att(q.size()), tmp(dh);
+    QJob qj{this, x, rt, cos_p, sin_p, qn, q.data(), positions, s, g, width, half, dh};
+    const size_t q_tasks = static_cast<size_t>((positions + POSITIONS_PER_TASK - 1) /
+                                               POSITIONS_PER_TASK);
+    if (q_tasks == 1) {
+      rotate_q(&qj, 0);
+    } else {  // a prompt's chunk: its positions' Q rows on every thread
+      ctx.ParallelFor(rotate_q, q_tasks, 0, &qj);
     }
     // New K (rotated) and V rows into their slots, in ScatterND's order
     for (int64_t i = 0; i < b * hkv * s; ++i) {
@@ -156,7 +221,8 @@ struct RopeAttentionKernel {
       const float* row = x + (rt != nullptr ? rt[p] : p) * width;
       const int64_t* t = sl + 3 * i;
       const int64_t at = ((t[0] * hkv + t[1]) * c + t[2]) * dh;
-      rope(row + (h + hk) * dh, cos_p + p * half, sin_p + p * half, half, k + at);
+      const float* xk = head_row(norm, row + (h + hk) * dh, kn, eps, dh, tmp.data());
+      rope(xk, cos_p + p * half, sin_p + p * half, half, k + at);
       std::memcpy(v + at, row + (h + hkv + hk) * dh, static_cast<size_t>(dh) * sizeof(float));
     }
     if (a == 0) {
@@ -184,6 +250,23 @@ struct RopeAttentionKernel {
   }
 };
 
+void rotate_q(void* data, size_t t) {
+  const QJob& j = *static_cast<const QJob*>(data);
+  const int64_t h = j.kern->h, hkv = j.kern->hkv, rows = j.g * j.s;
+  std::vector<float> tmp(static_cast<size_t>(j.dh));
+  const int64_t p1 = std::min(j.positions, static_cast<int64_t>(t + 1) * POSITIONS_PER_TASK);
+  for (int64_t p = static_cast<int64_t>(t) * POSITIONS_PER_TASK; p < p1; ++p) {
+    const float* row = j.x + (j.rt != nullptr ? j.rt[p] : p) * j.width;
+    const int64_t bi = p / j.s, si = p % j.s;
+    for (int64_t hi = 0; hi < h; ++hi) {
+      float* dst = j.q + ((bi * hkv + hi / j.g) * rows + hi % j.g * j.s + si) * j.dh;
+      const float* xq = head_row(j.kern->norm, row + hi * j.dh, j.norm, j.kern->eps, j.dh,
+                                 tmp.data());
+      j.kern->rope(xq, j.cos + p * j.half, j.sin + p * j.half, j.half, dst);
+    }
+  }
+}
+
 struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp, RopeAttentionKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     auto* kn = new RopeAttentionKernel();
@@ -197,6 +280,8 @@ struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp, RopeAttentionKernel,
       delete kn;
       return error("num_heads must be a positive multiple of kv_heads");
     }
+    OrtStatus* no_eps = api.KernelInfoGetAttribute_float(info, "epsilon", &kn->eps);
+    if (no_eps != nullptr) api.ReleaseStatus(no_eps);  // a layer without head norms
     float hidden = 0.0f;
     OrtStatus* absent = api.KernelInfoGetAttribute_float(info, "hidden", &hidden);
     if (absent != nullptr) {
@@ -212,9 +297,10 @@ struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp, RopeAttentionKernel,
   }
   const char* GetName() const { return "RopeAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 9; }
+  size_t GetInputTypeCount() const { return 11; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 3 || i >= 7 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    const bool ints = i == 3 || i == 7 || i == 8;  // slots, row_tokens, token_rows
+    return ints ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i >= 7 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
