@@ -54,7 +54,10 @@ token in a ~8 ms budget, so the graph is built for few ops: Q/K/V and gate/up ar
 matmul each, biases ride in `MatMulNBits`' bias input, attention's 1/√dh is folded into the Q
 weights, and on the CPU residual adds fuse into `SkipSimplifiedLayerNormalization`
 (`GraphSpec.fused_norms`; the NPU rejects that op and gets Add + norm). With the native kernels
-the norm and its residual Add go into the QMatMul that reads them (`graph_ops.normed_linear`).
+the norm and its residual Add go into the QMatMul that reads them (`graph_ops.normed_linear`),
+and everything between a layer's Q|K|V matmul and its output projection (row selection, split,
+head norms, rotary, the cache writes, attention) is one `npuchat.RopeAttention`
+(`graph_attention.rope_attend`; `GraphSpec.fused_attention`).
 
 Sliding-window layers may keep a ring of their own size instead of C rows (`GraphSpec.ring`,
 `kv_ring`): their `past_*_i` are `[B, Hkv, W, dh]`, their mask (`mask_swa`, or `mask` when every
