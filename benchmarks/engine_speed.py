@@ -12,10 +12,11 @@ turn (an alternating A/B: a machine whose speed drifts moves every side alike), 
 is printed as median (min-max) over them. `--kernels on,off` runs each model with the native
 kernels and without (`NPUCHAT_KERNELS`); `--profile` adds ONNX Runtime's per-op-type time of one
 decode step; `--floor` the model's matmuls alone. `--llama-bench` runs llama.cpp's `llama-bench
--p 512 -n 128 -r REPEATS` on the same file and threads in the same run and prints ratios of
-medians (`--llama-cpu`: also by process CPU time per token, the ratio that holds on a loaded
-machine); `benchmarks/build_llama_bench.sh` builds one from PyPI. The CPU model and its SIMD
-flags are printed with the figures: the kernels (ours and llama.cpp's) depend on them.
+-p 512 -n 128 -r 1` on the same file and threads before each repeat of that model (alternating
+with ours, as the repeats do) and prints ratios of the medians (`--llama-cpu`: also by process
+CPU time per token, the ratio that holds on a loaded machine); `benchmarks/build_llama_bench.sh`
+builds one from PyPI. The CPU model and its SIMD flags are printed with the figures: the kernels
+(ours and llama.cpp's) depend on them.
 
 A script that prints figures, not a test: nothing here asserts.
 """
@@ -67,19 +68,21 @@ def _phase(
     return dict(json.loads(lines[-1]))
 
 
-def _llama(args: argparse.Namespace, model: Path) -> tuple[dict[str, Any], str | None]:
-    """llama.cpp's pp512 and tg128 over `-r REPEATS` on the same file and threads, and with
-    `--llama-cpu` its process CPU time per token (`llama_bench.llama_cpu_ms`)."""
+def _llama(args: argparse.Namespace, model: Path) -> tuple[dict[str, list[float]], str | None]:
+    """One repeat of llama.cpp's pp512 and tg128 on the same file and threads (`-r 1`), and
+    with `--llama-cpu` its process CPU time per token (`llama_bench.llama_cpu_ms`): samples by
+    key, run beside each repeat of ours so that a machine whose speed drifts moves both."""
     from npuchat.engine.bench_speed import llama_summary
     from npuchat.engine.llama_bench import llama_cpu_ms, run_llama_bench
 
-    bench = run_llama_bench(args.llama_bench, model, args.threads, [512], 128, [], args.repeats)
+    bench = run_llama_bench(args.llama_bench, model, args.threads, [512], 128, [], 1)
     for note in bench.notes:
         print(f"llama-bench: {note}", file=sys.stderr)
     cpu = {}
     if args.llama_cpu:
-        cpu = llama_cpu_ms(args.llama_bench, model, args.threads, 512, 128, args.repeats)
-    return llama_summary(bench, cpu), bench.build
+        cpu = llama_cpu_ms(args.llama_bench, model, args.threads, 512, 128, 1)
+    samples = {key: [figure.median] for key, figure in llama_summary(bench, cpu).items()}
+    return samples, bench.build
 
 
 def _arguments() -> argparse.Namespace:
@@ -115,6 +118,7 @@ def _arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = _arguments()
+    from npuchat.engine.bench_report import Figure
     from npuchat.engine.bench_speed import (
         SpeedRow,
         SpeedRun,
@@ -142,8 +146,14 @@ def main() -> None:
     paths = {name: _resolve(name) for name in args.models}
     modes = args.kernels.split(",")
     phases: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    for r in range(args.repeats):  # round-robin: every model and mode once per repeat
+    llama: dict[str, dict[str, list[float]]] = {name: {} for name in args.models}
+    llama_build = None
+    for r in range(args.repeats):  # round-robin: every model and mode (and llama.cpp) per repeat
         for name in args.models:
+            if args.llama_bench:
+                samples, llama_build = _llama(args, paths[name])
+                for key, values in samples.items():
+                    llama[name].setdefault(key, []).extend(values)
             for mode in modes:
                 with tempfile.TemporaryDirectory() as cache:
                     model_sha256(paths[name], Path(cache))  # as after `npuchat pull`
@@ -164,10 +174,9 @@ def main() -> None:
         repeats=args.repeats,
         command="python " + " ".join(shlex.quote(a) for a in sys.argv).replace(home, "~"),
     )
+    speed.llama_build = llama_build
     for name in args.models:
-        llama: dict[str, Any] = {}
-        if args.llama_bench:  # once per model, beside every kernel mode
-            llama, speed.llama_build = _llama(args, paths[name])
+        figures = {key: Figure.of(values) for key, values in llama[name].items()}
         for mode in modes:
             runs = phases[(name, mode)]
             row = SpeedRow(
@@ -179,7 +188,7 @@ def main() -> None:
                 cold=summarize([c for c, _ in runs]),
                 run=summarize([r for _, r in runs]),
                 kv_bytes=int(runs[0][1]["kv_bytes"]),
-                llama=llama,
+                llama=figures,
             )
             speed.rows.append(row)
             print("\n" + "\n".join(text_lines(row)), flush=True)

@@ -152,9 +152,14 @@ def make_graph(
     def tiled(name: str) -> str:
         return gr.op("Tile", [name, gr.ints([1, 1, grp, 1])]) if grp > 1 else name
 
-    masks = {False: tiled("mask")}
-    if cfg.mixed_windows:
-        masks[True] = tiled("mask_swa")
+    masks: dict[bool, str] = {}  # made when a layer needs one (not by the fused attention)
+
+    def tiled_mask(local: bool) -> str:
+        key = local and cfg.mixed_windows
+        if key not in masks:
+            masks[key] = tiled("mask_swa" if key else "mask")
+        return masks[key]
+
     splits: dict[int | str, str] = {}
     ends: dict[str, str] = {}
 
@@ -245,7 +250,7 @@ def make_graph(
     def attention(i: int, layer: Layer, local: bool, qkv: str) -> str:
         """Layer i's attention as separate ops, from its Q|K|V rows to the rows the output
         projection reads (what `rope_attend` fuses where it applies)."""
-        mask = masks[local and cfg.mixed_windows]
+        mask = tiled_mask(local)
         if spec.row_select:  # back to the B·S rows attention takes
             qkv = gr.op("Gather", [qkv, "row_tokens"], axis=0)
         q, k, v = gr.op("Split", [qkv, gr.ints([h * dh, hkv * dh, hkv * dh])], n_out=3, axis=-1)
