@@ -81,6 +81,26 @@ TaskFn attention_task() {
   return f;
 }
 
+void run_job(OrtKernelContext* context, Job* job, size_t tasks) {
+  if (tasks == 1) {
+    attention_task()(job, 0);
+  } else {
+    Ort::KernelContext(context).ParallelFor(attention_task(), tasks, 0, job);
+  }
+}
+
+bool read_hidden(const OrtApi& api, const OrtKernelInfo* info, float* hidden) {
+  float value = 0.0f;
+  OrtStatus* absent = api.KernelInfoGetAttribute_float(info, "hidden", &value);
+  if (absent != nullptr) {
+    api.ReleaseStatus(absent);  // not given: only -inf hides a slot
+    return true;
+  }
+  if (std::isnan(value)) return false;
+  *hidden = value;
+  return true;
+}
+
 }  // namespace npuchat_attention
 
 namespace {
@@ -146,12 +166,7 @@ struct AttentionKernel {
     Job job{q.GetTensorData<float>(), k.GetTensorData<float>(),
             v.GetTensorData<float>(), mask.GetTensorData<float>(), out, hidden, hkv, rows, s, c, a, dh,
             row_tasks};
-    const size_t tasks = static_cast<size_t>(b * hkv * row_tasks);
-    if (tasks == 1) {
-      attention_task()(&job, 0);
-    } else {
-      ctx.ParallelFor(attention_task(), tasks, 0, &job);
-    }
+    run_job(context, &job, static_cast<size_t>(b * hkv * row_tasks));
     return nullptr;
   }
 };
@@ -159,15 +174,9 @@ struct AttentionKernel {
 struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     auto* kn = new AttentionKernel();
-    float hidden = 0.0f;
-    OrtStatus* absent = api.KernelInfoGetAttribute_float(info, "hidden", &hidden);
-    if (absent != nullptr) {
-      api.ReleaseStatus(absent);  // not given: only -inf hides a slot
-    } else if (std::isnan(hidden)) {
+    if (!read_hidden(api, info, &kn->hidden)) {
       delete kn;
       return error(ORT_INVALID_ARGUMENT, "hidden must be a number");
-    } else {
-      kn->hidden = hidden;
     }
     *kernel = kn;
     return nullptr;

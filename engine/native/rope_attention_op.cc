@@ -35,6 +35,13 @@
 
 #include "attention.h"
 
+namespace npuchat_attention {  // attention_op.cc
+// A job's tasks on the op's threads (one task: on the calling thread).
+void run_job(OrtKernelContext* context, Job* job, size_t tasks);
+// The `hidden` attribute into *hidden (absent: left as it is); false when it is NaN.
+bool read_hidden(const OrtApi& api, const OrtKernelInfo* info, float* hidden);
+}  // namespace npuchat_attention
+
 namespace {
 
 using namespace npuchat_attention;
@@ -232,12 +239,7 @@ struct RopeAttentionKernel {
     const int64_t row_tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     Job job{q.data(), k, v, mask.GetTensorData<float>(), att.data(), hidden,
             hkv, rows, s, c, a, dh, row_tasks};
-    const size_t tasks = static_cast<size_t>(b * hkv * row_tasks);
-    if (tasks == 1) {
-      attention_task()(&job, 0);
-    } else {
-      ctx.ParallelFor(attention_task(), tasks, 0, &job);
-    }
+    run_job(context, &job, static_cast<size_t>(b * hkv * row_tasks));
     // Back to token-major rows [position, head * dh], the positions token_rows keeps
     for (int64_t o = 0; o < n_out; ++o) {
       const int64_t p = tr != nullptr ? tr[o] : o, bi = p / s, si = p % s;
@@ -282,15 +284,9 @@ struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp, RopeAttentionKernel,
     }
     OrtStatus* no_eps = api.KernelInfoGetAttribute_float(info, "epsilon", &kn->eps);
     if (no_eps != nullptr) api.ReleaseStatus(no_eps);  // a layer without head norms
-    float hidden = 0.0f;
-    OrtStatus* absent = api.KernelInfoGetAttribute_float(info, "hidden", &hidden);
-    if (absent != nullptr) {
-      api.ReleaseStatus(absent);  // not given: only -inf hides a slot
-    } else if (std::isnan(hidden)) {
+    if (!read_hidden(api, info, &kn->hidden)) {
       delete kn;
       return error("hidden must be a number");
-    } else {
-      kn->hidden = hidden;
     }
     *kernel = kn;
     return nullptr;
