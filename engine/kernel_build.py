@@ -51,11 +51,14 @@ SOURCES = (
     "qdot_vnni.cc",  # qdot_avx2.cc again, on AVX-VNNI
     "qdot_avx512.cc",  # and on AVX-512 VNNI
     "qmatmul_op.cc",
+    "qmatmul_act.cc",
+    "q4k_x8.cc",
     "attention_op.cc",
     "attention_avx2.cc",
     "rope_attention_op.cc",
     "kernels_entry.cc",
 )
+HEADERS = ("qblocks.h", "qdot_x86.h", "q4k_x8.h", "q4k_x8_x86.h", "qmatmul_act.h", "attention.h")
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"
 _TIMEOUT_S = 600
@@ -133,7 +136,7 @@ def _compiler() -> str:
 
 def _build_key(cxx: str) -> str:
     h = hashlib.sha256(HEADER_PACKAGE.encode() + b"+digest")  # builds that record their sha256
-    for name in (*SOURCES, "qblocks.h", "qdot_x86.h", "attention.h"):
+    for name in (*SOURCES, *HEADERS):
         h.update(name.encode())
         h.update((SOURCE_DIR / name).read_bytes())
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from synthetic import ggml_type, quantize_tensor
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 
+LAYOUT_ENV = "NPUCHAT_Q4K_LAYOUT"  # "rows": the kernels read Q4_K as the GGUF's rows
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
 N, K = 80, 512  # N is not a multiple of the op's task size
 
@@ -115,9 +117,33 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
     return mismatches, digests
 
 
+def layout_mismatches() -> list[str]:
+    """Q4_K matrices whose rows come in eights are regrouped at load for the eight-row kernels;
+    their numbers must be those of the GGUF's rows (`NPUCHAT_Q4K_LAYOUT=rows`), at every row
+    count, plain and SwiGLU (gate|up) alike: the cases that differ."""
+    qtype = ggml_type("q4_k")
+    mismatches = []
+    for k, glu in ((512, 0), (1024, 0), (512, 1)):
+        raw = blocks(weights(96, k, seed=11), qtype)
+        x = np.random.default_rng(12).standard_normal((11, k)).astype(np.float32)
+        os.environ[LAYOUT_ENV] = "rows"
+        try:
+            plain = session(raw, qtype, k, glu=glu)
+        finally:
+            del os.environ[LAYOUT_ENV]
+        grouped = session(raw, qtype, k, glu=glu)
+        for rows in (1, 2, 3, 4, 5, 9, 11):
+            a = plain.run(None, {"x": x[:rows]})[0]
+            b = grouped.run(None, {"x": x[:rows]})[0]
+            if not np.array_equal(a, b):
+                mismatches.append(f"q4_k K={k} glu={glu}: {rows} rows regrouped")
+    return mismatches
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     lib = kernel_library()
     mismatches, digests = rows_and_digests()
+    mismatches += layout_mismatches()
     result = {"isa": lib.isa, "errors": relative_errors(), "mismatches": mismatches}
     print(json.dumps({**result, "digests": digests}))

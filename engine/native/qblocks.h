@@ -114,6 +114,31 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
   }
 }
 
+// A Q4_K row's result, on every table and in both layouts: per super-block the exact integers
+// S = sum over sub-blocks of scale * (nibbles . activations) and M = sum of minimum * (sum of the
+// sub-block's activations), then acc = fma(float(S), d * d_x, acc) and
+// accm = fma(float(M), dmin * d_x, accm) block by block, and acc - accm (llama.cpp's float steps
+// for its repacked Q4_K): no step depends on how the integers were summed.
+//
+// Q4_K rows regrouped eight at a time (`repack_q4_k_x8`, q4k_x8.cc): per super-block, the eight
+// rows' d and dmin, their 6-bit scales and minima as bytes, and their nibble bytes in runs of
+// four per row, so that one 32-byte load holds the same four-element group of all eight rows and
+// one broadcast of four activations feeds eight dot products (llama.cpp's q4_K_8x8 idea).
+struct Q4KX8 {
+  uint16_t d[8], dmin[8];
+  uint8_t scales[8][8];  // [sub-block][row]
+  uint8_t mins[4][16];   // [sub-block pair][row][2]: int16 pairs for a madd with bsums32 pairs
+  uint8_t qs[4][8][32];  // [64-element chunk][four-element group][row][4 nibble bytes]
+};
+static_assert(sizeof(Q4KX8) == 1184, "Q4KX8 must stay packed");
+
+// Eight Q4_K rows (`row_bytes` apart, nb super-blocks each) into nb Q4KX8 blocks.
+void repack_q4_k_x8(const uint8_t* w, size_t row_bytes, int nb, Q4KX8* out);
+
+// Eight regrouped rows (nb Q4KX8 blocks) . `rows` activation rows (1..MAX_ROWS):
+// out[8 * r + i] = row i . x[r], by the steps above.
+using DotX8 = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
+
 // One weight row (nb blocks) . `rows` activation rows (1..MAX_ROWS): out[r] = w . x[r].
 // A row's result is computed by the same instructions in the same order whatever `rows` is, so it
 // never depends on the rows beside it; taking several rows only shares the weights' unpacking.
@@ -138,6 +163,7 @@ struct Kernels {
   QuantizeBlocks quantize_blocks;
   QuantizeSupers quantize_supers;
   DotCols q4_0_cols, q4_1_cols, q5_0_cols, q8_0_cols, q4_k_cols, q6_k_cols;
+  DotX8 q4_k_x8;
 };
 
 const Kernels& scalar_kernels();

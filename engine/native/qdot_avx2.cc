@@ -23,6 +23,7 @@
 #endif
 #define NPQ_AVX2 __attribute__((target(NPQ_TARGET)))
 #include "qdot_x86.h"
+#include "q4k_x8_x86.h"
 
 namespace npq {
 
@@ -68,15 +69,13 @@ NPQ_AVX2 inline __m256i unpack_q5_0(const uint8_t* w) {
   return _mm256_or_si256(nibbles16(w + 6), high);
 }
 
+// Q4_K one row at a time (tail rows and matrices not regrouped; q4k_x8_x86.h has the eight-row
+// layout): the block's integers summed in 8 int32 lanes, then the float steps of qblocks.h.
 template <int R>
 NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0xF);
-  __m256 acc[R];
-  __m128 minima[R];  // dmin * d_x * (minimum . sums of 32 activations), 4 lanes
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    minima[r] = _mm_setzero_ps();
-  }
+  float acc[R], accm[R];
+  for (int r = 0; r < R; ++r) acc[r] = accm[r] = 0.0f;
   for (int b = 0; b < nb; ++b, w += 144) {
     // The 8 6-bit scales, then the 8 minima, one byte each (branch-free unpacking).
     uint32_t u[4];
@@ -110,16 +109,12 @@ NPQ_AVX2 void q4_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
       const ActSuper& y = act<ActSuper>(x, r)[b];
       const __m128i pairs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.bsums32));
       const __m128i m = _mm_madd_epi16(mins16, pairs);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-      minima[r] = _mm_fmadd_ps(_mm_set1_ps(y.d * dmin), _mm_cvtepi32_ps(m), minima[r]);
+      const int summ = hsum_i32(m);
+      acc[r] = fma_ss(static_cast<float>(hsum_i32(sumi[r])), d * y.d, acc[r]);
+      accm[r] = fma_ss(static_cast<float>(summ), dmin * y.d, accm[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m128 mv = minima[r];
-    mv = _mm_add_ps(mv, _mm_movehl_ps(mv, mv));
-    mv = _mm_add_ss(mv, _mm_movehdup_ps(mv));
-    out[r] = hsum(acc[r]) - _mm_cvtss_f32(mv);
-  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r] - accm[r];
 }
 
 // Scales of groups g and g + 1 (int16 lanes of `both`, one 128-bit lane holding 8 scales) as
@@ -348,7 +343,7 @@ const Kernels* NPQ_ENTRY() {
   static const Kernels k{NPQ_ISA,          by_rows<Q4_0K>, by_rows<Q4_1K>,  by_rows<Q5_0K>,
                          by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
                          quantize_supers, q4_0_cols,      q4_1_cols,       q5_0_cols,
-                         q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>};
+                         q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>, q4_k_x8};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                   __builtin_cpu_supports("f16c") && NPQ_CPU_HAS;

@@ -78,8 +78,14 @@ float dot_q5_0(const uint8_t* w, const ActBlock* x, int nb) {
   return acc;
 }
 
+// The Q4_K float steps (qblocks.h) on one block's integers.
+inline void q4_k_step(int sumi, int summ, float d, float dmin, float dx, float* acc, float* accm) {
+  *acc = std::fma(static_cast<float>(sumi), d * dx, *acc);
+  *accm = std::fma(static_cast<float>(summ), dmin * dx, *accm);
+}
+
 float dot_q4_k(const uint8_t* w, const ActSuper* x, int nb) {
-  float acc = 0.0f;
+  float acc = 0.0f, accm = 0.0f;
   for (int b = 0; b < nb; ++b, w += 144) {
     const uint8_t* scales = w + 4;
     const uint8_t* qs = w + 16;
@@ -95,13 +101,40 @@ float dot_q4_k(const uint8_t* w, const ActSuper* x, int nb) {
         hi += (qs[32 * j + l] >> 4) * y[64 * j + 32 + l];
       }
       sumi += sc0 * lo + sc1 * hi;
-      summ += m0 * (x[b].bsums[4 * j] + x[b].bsums[4 * j + 1]);
-      summ += m1 * (x[b].bsums[4 * j + 2] + x[b].bsums[4 * j + 3]);
+      summ += m0 * x[b].bsums32[2 * j] + m1 * x[b].bsums32[2 * j + 1];
     }
-    acc += x[b].d * (load_half(w) * static_cast<float>(sumi) -
-                     load_half(w + 2) * static_cast<float>(summ));
+    q4_k_step(sumi, summ, load_half(w), load_half(w + 2), x[b].d, &acc, &accm);
   }
-  return acc;
+  return acc - accm;
+}
+
+// Row i of eight regrouped rows (Q4KX8) . one activation row: dot_q4_k's integers and steps.
+float dot_q4_k_x8(const Q4KX8* w, int i, const ActSuper* x, int nb) {
+  float acc = 0.0f, accm = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const Q4KX8& q = w[b];
+    int sumi = 0, summ = 0;
+    for (int s = 0; s < 8; ++s) {
+      int dot = 0;
+      for (int e = 0; e < 32; ++e) {
+        const uint8_t byte = q.qs[s / 2][e / 4][4 * i + e % 4];
+        dot += ((s % 2 == 0) ? (byte & 0xF) : (byte >> 4)) * x[b].qs[32 * s + e];
+      }
+      sumi += q.scales[s][i] * dot;
+      summ += q.mins[s / 2][2 * i + s % 2] * x[b].bsums32[s];
+    }
+    q4_k_step(sumi, summ, half_to_float(q.d[i]), half_to_float(q.dmin[i]), x[b].d, &acc, &accm);
+  }
+  return acc - accm;
+}
+
+void q4_k_x8(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
+  const Q4KX8* q = reinterpret_cast<const Q4KX8*>(w);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < 8; ++i) {
+      out[8 * r + i] = dot_q4_k_x8(q, i, reinterpret_cast<const ActSuper*>(x[r]), nb);
+    }
+  }
 }
 
 float dot_q6_k(const uint8_t* w, const ActSuper* x, int nb) {
@@ -169,7 +202,8 @@ const Kernels& scalar_kernels() {
                          cols_of<ActBlock, dot_q5_0>,
                          cols_of<ActBlock, dot_q8_0>,
                          cols_of<ActSuper, dot_q4_k>,
-                         cols_of<ActSuper, dot_q6_k>};
+                         cols_of<ActSuper, dot_q6_k>,
+                         q4_k_x8};
   return k;
 }
 

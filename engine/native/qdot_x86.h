@@ -18,6 +18,21 @@ NPQ_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(r);
 }
 
+// The exact sum of 4 or 8 int32 lanes (the sums here stay far inside int32).
+NPQ_AVX2 inline int hsum_i32(__m128i r) {
+  r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+  r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 1));
+  return _mm_cvtsi128_si32(r);
+}
+NPQ_AVX2 inline int hsum_i32(__m256i v) {
+  return hsum_i32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+
+// fma(a, b, c) rounded once, as the vector fmadds do.
+NPQ_AVX2 inline float fma_ss(float a, float b, float c) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
 NPQ_AVX2 inline float half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);

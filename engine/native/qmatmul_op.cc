@@ -27,7 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "q4k_x8.h"
 #include "qblocks.h"
+#include "qmatmul_act.h"
 
 namespace {
 
@@ -36,6 +38,9 @@ using npq::ActSuper;
 using npq::Kernels;
 
 using npq::chosen_kernels;
+using npq::QUANT_ROWS;
+using npq::QuantJob;
+using npq::quantize_rows;
 
 bool is_super(int type) { return type == npq::Q4_K || type == npq::Q6_K; }
 
@@ -53,6 +58,7 @@ struct Job {
   int64_t scaled_rows;
   const float* bias;  // nullptr: none
   bool glu;
+  const uint8_t* x8;  // the Q4_K rows regrouped eight at a time (q4k_x8.h); nullptr: not
 };
 
 // silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
@@ -87,119 +93,67 @@ npq::DotCols cols_for(const Kernels& k, int type) {
 // in L1 (a weight row is unpacked once per group; activations are read once per block).
 constexpr int64_t BLOCK_N = 16;
 
-// Output features [b0, b1) of one activation row x into y (that row's outputs): the same
-// numbers as the loop below gives a row among others (DotCols computes what DotRows does).
-void one_row(const Job& j, npq::DotCols cols, const uint8_t* x, int nb, int64_t b0, int64_t b1,
-             float* y) {
-  float out[BLOCK_N], up[BLOCK_N];
-  const int len = static_cast<int>(b1 - b0);
-  cols(j.w + static_cast<size_t>(b0) * j.row_bytes, j.row_bytes, x, len, nb, out);
-  if (!j.glu) {
-    for (int i = 0; i < len; ++i) {
-      const int64_t n = b0 + i;
-      const float s = n < j.scaled_rows ? j.scale : 1.0f;
-      y[n] = s * out[i] + (j.bias != nullptr ? j.bias[n] : 0.0f);
+// Activation rows `rows` (count of them) . weight rows [n0, n0 + len), len <= BLOCK_N, into
+// out[i * BLOCK_N + c]: the eight-row kernel where the matrix is regrouped (n0 and len are
+// multiples of 8 there), else the one-row (DotCols) or many-row (DotRows) kernel. All three
+// compute a pair's number by the same steps (qblocks.h), so it never depends on the path.
+void products(const Job& j, int64_t n0, int len, const uint8_t* const* rows, int count, int nb,
+              float* out) {
+  if (j.x8 != nullptr) {
+    float part[npq::MAX_ROWS * 8];
+    for (int c = 0; c < len; c += 8) {
+      const size_t group = static_cast<size_t>((n0 + c) / 8);
+      j.kern->q4_k_x8(j.x8 + group * nb * sizeof(npq::Q4KX8), rows, count, nb, part);
+      for (int i = 0; i < count; ++i) {
+        for (int e = 0; e < 8; ++e) out[i * BLOCK_N + c + e] = part[8 * i + e];
+      }
     }
     return;
   }
-  const int64_t width = j.n / 2;  // up row width + n pairs with gate row n
-  cols(j.w + static_cast<size_t>(width + b0) * j.row_bytes, j.row_bytes, x, len, nb, up);
-  for (int i = 0; i < len; ++i) {
-    const int64_t n = b0 + i;
-    const float bias = j.bias != nullptr ? j.bias[n] : 0.0f;
-    const float bias_up = j.bias != nullptr ? j.bias[width + n] : 0.0f;
-    y[n] = swiglu(out[i] + bias, up[i] + bias_up);
+  const uint8_t* w = j.w + static_cast<size_t>(n0) * j.row_bytes;
+  if (count == 1) {  // one activation row (a decode step): the block's weight rows at once
+    cols_for(*j.kern, j.type)(w, j.row_bytes, rows[0], len, nb, out);
+    return;
+  }
+  const npq::DotRows dot = kernel_for(*j.kern, j.type);
+  float col[npq::MAX_ROWS];
+  for (int c = 0; c < len; ++c) {
+    dot(w + static_cast<size_t>(c) * j.row_bytes, rows, count, nb, col);
+    for (int i = 0; i < count; ++i) out[i * BLOCK_N + c] = col[i];
   }
 }
 
 void run_tile(void* data, size_t t) {
   const Job& j = *static_cast<const Job*>(data);
-  const npq::DotRows dot = kernel_for(*j.kern, j.type);
-  const npq::DotCols cols = cols_for(*j.kern, j.type);
   const int nb = static_cast<int>(j.k / npq::block_elems(j.type));
   const int64_t width = j.glu ? j.n / 2 : j.n;  // output features
   const int64_t n0 = static_cast<int64_t>(t) * j.tile;
   const int64_t n1 = std::min(width, n0 + j.tile);
   const uint8_t* rows[npq::MAX_ROWS];
-  float out[npq::MAX_ROWS], up[npq::MAX_ROWS];
+  float out[npq::MAX_ROWS * BLOCK_N], up[npq::MAX_ROWS * BLOCK_N];
   for (int64_t b0 = n0; b0 < n1; b0 += BLOCK_N) {
-    const int64_t b1 = std::min(n1, b0 + BLOCK_N);
+    const int len = static_cast<int>(std::min(n1, b0 + BLOCK_N) - b0);
     for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
       const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
       for (int i = 0; i < count; ++i) {
         rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
       }
-      if (count == 1) {  // one activation row (a decode step): the block's weight rows at once
-        one_row(j, cols, rows[0], nb, b0, b1, j.y + r0 * width);
-        continue;
-      }
-      for (int64_t n = b0; n < b1; ++n) {
-        const float s = n < j.scaled_rows ? j.scale : 1.0f;
-        dot(j.w + static_cast<size_t>(n) * j.row_bytes, rows, count, nb, out);
-        const float bias = j.bias != nullptr ? j.bias[n] : 0.0f;
-        if (!j.glu) {
-          for (int i = 0; i < count; ++i) j.y[(r0 + i) * width + n] = s * out[i] + bias;
-          continue;
-        }
-        const int64_t nu = width + n;  // the up row paired with gate row n
-        dot(j.w + static_cast<size_t>(nu) * j.row_bytes, rows, count, nb, up);
-        const float bias_up = j.bias != nullptr ? j.bias[nu] : 0.0f;
-        for (int i = 0; i < count; ++i) {
-          j.y[(r0 + i) * width + n] = swiglu(s * out[i] + bias, up[i] + bias_up);
+      products(j, b0, len, rows, count, nb, out);
+      if (j.glu) products(j, width + b0, len, rows, count, nb, up);  // the up rows
+      for (int i = 0; i < count; ++i) {
+        float* y = j.y + (r0 + i) * width;
+        for (int c = 0; c < len; ++c) {
+          const int64_t n = b0 + c;
+          const float s = n < j.scaled_rows ? j.scale : 1.0f;
+          const float bias = j.bias != nullptr ? j.bias[n] : 0.0f;
+          if (!j.glu) {
+            y[n] = s * out[i * BLOCK_N + c] + bias;
+            continue;
+          }
+          const float bias_up = j.bias != nullptr ? j.bias[width + n] : 0.0f;
+          y[n] = swiglu(s * out[i * BLOCK_N + c] + bias, up[i * BLOCK_N + c] + bias_up);
         }
       }
-    }
-  }
-}
-
-// Activation rows [t * QUANT_ROWS, ...) quantized into their blocks; rows are independent, so
-// many-row calls (prefill) split them across threads and get the same bytes.
-constexpr int64_t QUANT_ROWS = 8;
-
-struct QuantJob {
-  const Kernels* kern;
-  bool super;
-  const float* x;
-  int64_t m, k;
-  uint8_t* act;
-  size_t act_row_bytes;
-  const float* skip;  // nullptr: none
-  const float* norm;  // nullptr: x is quantized as it is
-  float eps;
-  float* sum;  // x + skip, when the graph takes it (nullptr: not wanted)
-};
-
-// Row r's input to the matmul: x (+ skip), RMS-normed and scaled when the op has a norm, by
-// the arithmetic of ONNX Runtime's (Skip)SimplifiedLayerNormalization (float sums in order,
-// each value divided by the root, then scaled). `tmp` holds K floats; the row as read is
-// returned.
-const float* prepared_row(const QuantJob& j, int64_t r, float* tmp) {
-  const float* src = j.x + r * j.k;
-  if (j.skip != nullptr) {
-    const float* add = j.skip + r * j.k;
-    float* h = j.sum != nullptr ? j.sum + r * j.k : tmp;
-    for (int64_t i = 0; i < j.k; ++i) h[i] = src[i] + add[i];
-    src = h;
-  }
-  if (j.norm == nullptr) return src;
-  float squares = 0.0f;
-  for (int64_t i = 0; i < j.k; ++i) squares += src[i] * src[i];
-  const float root = std::sqrt(squares / static_cast<float>(j.k) + j.eps);
-  for (int64_t i = 0; i < j.k; ++i) tmp[i] = src[i] / root * j.norm[i];
-  return tmp;
-}
-
-void quantize_rows(void* data, size_t t) {
-  const QuantJob& j = *static_cast<const QuantJob*>(data);
-  const int64_t r1 = std::min(j.m, static_cast<int64_t>(t + 1) * QUANT_ROWS);
-  std::vector<float> tmp(j.skip != nullptr || j.norm != nullptr ? static_cast<size_t>(j.k) : 0);
-  for (int64_t r = static_cast<int64_t>(t) * QUANT_ROWS; r < r1; ++r) {
-    uint8_t* dst = j.act + static_cast<size_t>(r) * j.act_row_bytes;
-    const float* src = tmp.empty() ? j.x + r * j.k : prepared_row(j, r, tmp.data());
-    if (j.super) {
-      j.kern->quantize_supers(src, reinterpret_cast<ActSuper*>(dst), static_cast<int>(j.k));
-    } else {
-      j.kern->quantize_blocks(src, reinterpret_cast<ActBlock*>(dst), static_cast<int>(j.k));
     }
   }
 }
@@ -215,6 +169,8 @@ struct QMatMulKernel {
   float eps = 0.0f;
   bool glu = false;
   size_t row_bytes = 0;
+  std::shared_ptr<const uint8_t> x8;  // W regrouped (Q4_K): made at load, shared (q4k_x8.h)
+  const uint8_t* x8_of = nullptr;     // the W it was made from
 
   OrtStatusPtr init(const OrtKernelInfo* info) {
     Ort::ConstKernelInfo ki(info);
@@ -245,7 +201,25 @@ struct QMatMulKernel {
       return error(ORT_INVALID_ARGUMENT, "glu needs an even N (gate rows, then up rows), no scale");
     }
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
+    regroup(ki);
     return nullptr;
+  }
+
+  // A constant Q4_K W whose rows (gate and up rows each, for glu) come in eights is regrouped
+  // for the eight-row kernels now, at load, not on the first step. NPUCHAT_Q4K_LAYOUT=rows keeps
+  // the GGUF's rows (the same numbers, more time: for side-by-side measurements).
+  void regroup(const Ort::ConstKernelInfo& ki) {
+    const char* layout = std::getenv("NPUCHAT_Q4K_LAYOUT");
+    if (type != npq::Q4_K || n % 8 != 0 || (glu && (n / 2) % 8 != 0)) return;
+    if (layout != nullptr && std::string(layout) == "rows") return;
+    int constant = 0;
+    const Ort::ConstValue w = ki.GetTensorConstantInput(1, &constant);
+    if (constant == 0 || w == nullptr) return;  // W fed at run time: read as it is
+    if (w.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n) * row_bytes) {
+      return;  // compute() reports the size
+    }
+    x8_of = w.GetTensorData<uint8_t>();
+    x8 = npq::shared_q4_k_x8(x8_of, row_bytes, n);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -328,10 +302,12 @@ struct QMatMulKernel {
     // About 32 KiB of weights per task: enough work to hide the hand-off, small enough that two
     // threads share a 1,536-row matrix evenly.
     const int64_t rows_per_output = glu ? 2 : 1;
-    const int64_t tile =
-        std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
-    Job job{&kern,    type,    m,     n, k, tile, w.GetTensorData<uint8_t>(), row_bytes,
-            act.data(), act_row, y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu};
+    const uint8_t* wd = w.GetTensorData<uint8_t>();
+    const uint8_t* grouped = x8 != nullptr && wd == x8_of ? x8.get() : nullptr;
+    int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
+    if (grouped != nullptr) tile = (tile + 7) / 8 * 8;  // whole groups of eight rows
+    Job job{&kern,    type,    m,     n, k, tile, wd, row_bytes, act.data(), act_row,
+            y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, grouped};
     const int64_t width = glu ? n / 2 : n;  // a glu task reads two weight rows per output
     const size_t tiles = static_cast<size_t>((width + tile - 1) / tile);
     ctx.ParallelFor(run_tile, tiles, 0, &job);
