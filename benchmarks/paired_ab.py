@@ -6,18 +6,17 @@ replaced, on real models.
 
 `attention`: `npuchat.RopeAttention` (the default graph) against the seventeen ops per layer it
 replaces (`GraphSpec.fused_attention=False`). `q4k-layout`: Q4_K matrices regrouped eight rows at
-a time (the default) against the GGUF's own rows (`NPUCHAT_Q4K_LAYOUT=rows` while that side
-loads). Loads each model twice with the native kernels and alternates the two round by round:
-decode steps (16 per round, after a warm-up step, at the given context) and every fourth round a
-512-token prefill. Prints wall and process-CPU milliseconds per token (median, 25th percentile,
-minimum) and prefill tok/s (median) for each side; the machine's speed drifts from minute to
-minute, so only the paired figures mean much. A script that prints figures, not a test.
+a time (the default) against the GGUF's own rows (`GraphSpec.q4k_x8=False`). Loads each model
+twice with the native kernels and alternates the two round by round: decode steps (16 per
+round, after a warm-up step, at the given context) and every fourth round a 512-token prefill.
+Prints wall and process-CPU milliseconds per token (median, 25th percentile, minimum) and
+prefill tok/s (median) for each side; the machine's speed drifts from minute to minute, so only
+the paired figures mean much. A script that prints figures, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -37,38 +36,30 @@ DECODE_STEPS = 16
 @dataclass(frozen=True)
 class Variant:
     label: str
-    graph: dict[str, bool]  # GraphSpec fields this side sets
-    env: dict[str, str]  # environment while this side loads (the kernels read it at load)
+    graph: tuple[tuple[str, bool], ...] = ()  # GraphSpec fields this side sets
 
 
 COMPARISONS = {
     "attention": (
-        Variant("fused RopeAttention", {}, {}),
-        Variant("separate ops", {"fused_attention": False}, {}),
+        Variant("fused RopeAttention"),
+        Variant("separate ops", graph=(("fused_attention", False),)),
     ),
     "q4k-layout": (
-        Variant("Q4_K regrouped x8", {}, {}),
-        Variant("Q4_K GGUF rows", {}, {"NPUCHAT_Q4K_LAYOUT": "rows"}),
+        Variant("Q4_K regrouped x8"),
+        Variant("Q4_K GGUF rows", graph=(("q4k_x8", False),)),
     ),
 }
 
 
 def _load(path: Path, cache: Path, threads: int, side: Variant) -> Model:
     cpu = GraphSpec.cpu
-    saved = {k: os.environ.get(k) for k in side.env}
     try:
         GraphSpec.cpu = classmethod(  # type: ignore[method-assign]
-            lambda cls, *a, **k: replace(cpu(*a, **k), **side.graph)
+            lambda cls, *a, **k: replace(cpu(*a, **k), **dict(side.graph))
         )
-        os.environ.update(side.env)
         return Model.load(path, cache_dir=cache / side.label.replace(" ", "-"), threads=threads)
     finally:
         GraphSpec.cpu = cpu  # type: ignore[method-assign]
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _spread(values: list[float]) -> str:

@@ -2,8 +2,9 @@
 
 One graph with symbolic rows and capacity serves every CPU step, so a model has one session.
 Its matmuls run on the native kernels when they can be built (`custom_ops`), reading the GGUF's
-blocks where they lie in the model file; otherwise on `MatMulNBits`, which prepacks its weights
-once per load and whose no-longer-read weight pages are given back (`process_memory`).
+blocks where they lie in the model file (Q4_K rows regrouped, from the graph's weights file);
+otherwise on `MatMulNBits`, which prepacks its weights once per load and whose no-longer-read
+weight pages are given back (`process_memory`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ def open_cpu_graph(
 
     def open_session(folder: Path) -> ort.InferenceSession:
         report("loading graphs", 0.0)
+        onnx_path = folder / "decoder.onnx"
+        if kernels.available:  # the native kernels read every weight every step: keep them
+            return create_session(onnx_path, "cpu", threads, kernels.path, gguf)
         with releasing_file_pages(folder / WEIGHTS_FILE) as freed:
-            session = create_session(folder / "decoder.onnx", "cpu", threads, kernels.path, gguf)
+            session = create_session(onnx_path, "cpu", threads, kernels.path, gguf)
         released[0] = freed[0]
         return session
 

@@ -1,11 +1,12 @@
 """The native matmul kernels as an ONNX Runtime custom-op library, and whether to use them.
 
 `npuchat.QMatMul` multiplies float activations by a weight matrix kept as the GGUF's own blocks
-(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: llama.cpp's byte budget, no repacking), quantizing each
-activation row to int8 blocks as llama.cpp does; AVX2+FMA kernels where the CPU has them, portable
-ones elsewhere. Each output is computed by the same code whatever the number of rows, so a row
-never depends on the rows beside it. The op also adds a bias and, on a SwiGLU MLP's fused gate|up
-rows, gives silu(gate) * up (`glu`): ops a small model's step would otherwise dispatch.
+(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: llama.cpp's byte budget; Q4_K rows regrouped eight at a
+time, `graph_native.regroup_q4_k`), quantizing each activation row to int8 blocks as llama.cpp
+does; AVX2+FMA kernels where the CPU has them, portable ones elsewhere. Each output is computed
+by the same steps whatever the number of rows, so a row never depends on the rows beside it.
+The op also adds a bias and, on a SwiGLU MLP's fused gate|up rows, gives silu(gate) * up
+(`glu`): ops a small model's step would otherwise dispatch.
 
 The library is built on first use (`kernel_build`); a machine that cannot build it (no compiler,
 no npm) keeps the pure-ONNX-Runtime path. `NPUCHAT_KERNELS` chooses: `auto` (use them when they

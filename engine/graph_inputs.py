@@ -38,6 +38,7 @@ class GraphSpec:
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
     attn_window: bool = False  # in place: attention reads the cache's first W slots (W: mask)
     fused_attention: bool = True  # native, in place, f32: `npuchat.RopeAttention` (rope_attend)
+    q4k_x8: bool = True  # native: Q4_K rows regrouped eight at a time (`graph_native`)
 
     @classmethod
     def cpu(
@@ -112,6 +113,8 @@ class GraphSpec:
             del key["attn_window"]
         if not (self.kv_inplace and self.native_kernels):  # builds nothing else
             del key["fused_attention"]
+        if not self.native_kernels:
+            del key["q4k_x8"]
         return key
 
 

@@ -5,6 +5,11 @@ requantization, llama.cpp's bytes per weight (Q4_K 4.5 bits, Q6_K 6.56), nothing
 to prepack at load. Row operations the graph needs stay exact on blocks: a row permutation
 (llama's rotary layout) or a split (fused Q|K|V) moves whole rows; attention's 1/sqrt(dh) on Q
 becomes the op's `scale` over the first `scaled_rows` outputs instead of new block scales.
+
+Q4_K matrices are the exception (`regroup_q4_k`): their rows are regrouped eight at a time into
+the layout of the kernels' eight-row dot products (`Q4KX8` in `native/qblocks.h`), which read
+each weight byte once for eight rows' sums: ~2x the prefill and less CPU per decode step than
+the GGUF's rows, for a copy in the graph cache (2.8% larger than the blocks it holds).
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from .custom_ops import COVERED_TYPES
 from .gguf_reader import GGUFFile
 
-__all__ = ["RawRows", "native_rows", "stack_native"]
+__all__ = ["Q4K_GROUP", "RawRows", "native_rows", "regroup_q4_k", "stack_native"]
+
+Q4K_GROUP = 8  # rows per group of the regrouped layout
+_Q4K_BYTES = 144  # a Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/minima, 128 nibbles
+_X8_BYTES = 1184  # a regrouped block of eight rows (sizeof(Q4KX8))
+_GROUPS_PER_CHUNK = 2048  # bounds the temporaries (an LM head has ~19k groups)
 
 
 @dataclass(frozen=True)
@@ -73,3 +83,34 @@ def stack_native(parts: Sequence[RawRows], joined: np.ndarray | None = None) -> 
         data = np.concatenate([p.data for p in parts]) if len(parts) > 1 else parts[0].data
     scaled_rows = 0 if scale == 1.0 else sum(p.n for p in parts[:lead])
     return RawRows(parts[0].ggml_type, parts[0].k, data, scale), scaled_rows
+
+
+def regroup_q4_k(data: np.ndarray) -> np.ndarray:
+    """Q4_K rows `[n, nb * 144]` (n a multiple of 8) as `[n / 8, nb * 1184]` bytes: per group of
+    eight rows and per super-block, the rows' d, then dmin, the 6-bit scales and minima unpacked to
+    bytes (`scales[sub-block][row]`, `mins[pair][row][2]`), then the nibble bytes in runs of four
+    per row (`qs[64-element chunk][four-element group][row][4]`), as `Q4KX8` declares them."""
+    n, row_bytes = data.shape
+    nb = row_bytes // _Q4K_BYTES
+    groups = n // Q4K_GROUP
+    out = np.empty((groups, nb, _X8_BYTES), np.uint8)
+    for g0 in range(0, groups, _GROUPS_PER_CHUNK):
+        g1 = min(groups, g0 + _GROUPS_PER_CHUNK)
+        rows = data[g0 * Q4K_GROUP : g1 * Q4K_GROUP].reshape(g1 - g0, Q4K_GROUP, nb, _Q4K_BYTES)
+        b = rows.transpose(0, 2, 1, 3)  # [group, block, row, byte]
+        dst = out[g0:g1]
+        dst[..., 0:16] = b[..., 0:2].reshape(g1 - g0, nb, 16)
+        dst[..., 16:32] = b[..., 2:4].reshape(g1 - g0, nb, 16)
+        u = b[..., 4:16]  # q4k_scale_min's bytes: scales 0-3, minima 0-3, then the high pairs
+        scales = np.concatenate(
+            [u[..., 0:4] & 63, (u[..., 8:12] & 15) | ((u[..., 0:4] >> 6) << 4)], -1
+        )
+        mins = np.concatenate(
+            [u[..., 4:8] & 63, (u[..., 8:12] >> 4) | ((u[..., 4:8] >> 6) << 4)], -1
+        )
+        dst[..., 32:96] = scales.transpose(0, 1, 3, 2).reshape(g1 - g0, nb, 64)
+        pairs = mins.reshape(g1 - g0, nb, Q4K_GROUP, 4, 2).transpose(0, 1, 3, 2, 4)
+        dst[..., 96:160] = pairs.reshape(g1 - g0, nb, 64)
+        qs = b[..., 16:144].reshape(g1 - g0, nb, Q4K_GROUP, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+        dst[..., 160:] = qs.reshape(g1 - g0, nb, 1024)
+    return out.reshape(groups, nb * _X8_BYTES)

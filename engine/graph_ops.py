@@ -152,6 +152,8 @@ def qmatmul(
     Add after it, one op fewer); `glu`: `lin` is gate|up and the op gives silu(gate) * up;
     `norm`: the op reads `norm` of `x` (and with `sums`, also returns x + skip: (y, sum))."""
     extra: dict[str, Any] = {"glu": 1} if glu else {}
+    if lin.layout:
+        extra["layout"] = lin.layout
     ins = [x, lin.b] + ([lin.bias] if lin.bias else [])
     if norm is not None:  # no skip: `x` is already the sum
         ins = [x, lin.b, lin.bias, norm.skip if sums else "", norm.weight]

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from onnx import TensorProto, helper
 
 from .errors import UnsupportedModelError
 from .gguf_initializers import GGUF_REF
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_native import RawRows, native_rows, stack_native
+from .graph_native import Q4K_GROUP, RawRows, native_rows, regroup_q4_k, stack_native
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 Matrix = QuantMatrix | RawRows
@@ -128,6 +129,7 @@ class Linear:
     ggml_type: int = 0  # nonzero: `b` holds GGUF blocks of this type for npuchat.QMatMul
     scale: float = 1.0  # ... whose first `scaled_rows` outputs are multiplied by `scale`
     scaled_rows: int = 0
+    layout: int = 0  # 1: Q4_K rows regrouped eight at a time (`graph_native.regroup_q4_k`)
 
 
 @dataclass
@@ -153,9 +155,15 @@ class Weights:
 
 
 def _store_linear(
-    w: _WeightWriter, name: str, mats: Sequence[Matrix], bias: np.ndarray | None = None
+    w: _WeightWriter,
+    name: str,
+    mats: Sequence[Matrix],
+    bias: np.ndarray | None = None,
+    regroup: bool = False,
 ) -> list[Linear]:
-    """Write matrices as fused groups of one kind each (output order is preserved)."""
+    """Write matrices as fused groups of one kind each (output order is preserved); `regroup`:
+    Q4_K groups whose rows come in sixteens (so that gate and up halves do in eights too) are
+    written regrouped for the eight-row kernels."""
     groups: list[list[Matrix]] = []
     for m in mats:
         if groups and groups[-1][0].kind == m.kind:
@@ -169,7 +177,13 @@ def _store_linear(
         if isinstance(group[0], RawRows):
             parts = [g for g in group if isinstance(g, RawRows)]
             raw, scaled_rows = stack_native(parts, w.joined(parts))
-            lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", raw.data))
+            layout = int(
+                regroup
+                and raw.ggml_type == GGMLQuantizationType.Q4_K
+                and raw.n % (2 * Q4K_GROUP) == 0
+            )
+            data = regroup_q4_k(raw.data) if layout else raw.data
+            lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", data), layout=layout)
             lin.ggml_type, lin.scale, lin.scaled_rows = int(raw.ggml_type), raw.scale, scaled_rows
             if bias is not None:
                 lin.bias = w.add(base + ".bias", bias[row : row + raw.n])
@@ -258,11 +272,13 @@ def write_weights(
     out_dir: Path,
     progress: Callable[[float], None] | None = None,
     native: bool = False,
+    regroup: bool = True,
 ) -> Weights:
     """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout), or with
     `native` keep the GGUF's own blocks wherever the native kernels cover the type: those rows
     stay in the GGUF where they can (a row permutation or a fusion of tensors that are not
-    adjacent in the file is written as a copy)."""
+    adjacent in the file is written as a copy); with `regroup` too, Q4_K matrices are written
+    regrouped for the eight-row kernels (`_store_linear`)."""
     cfg = g.config
 
     def fetch(name: str) -> Matrix:
@@ -271,6 +287,7 @@ def write_weights(
         return (native_rows(g, name) if native else None) or _matrix(g, name)
 
     w = _WeightWriter(out_dir / WEIGHTS_FILE, g if native else None)
+    grouped = native and regroup
     try:
         layers = []
         for i in range(cfg.n_layers):
@@ -283,10 +300,12 @@ def write_weights(
             layer = Layer(
                 attn_norm=w.add(p + "attn_norm", _vector(g, p + "attn_norm.weight")),
                 ffn_norm=w.add(p + "ffn_norm", _vector(g, p + "ffn_norm.weight")),
-                qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias),
-                out=_store_linear(w, p + "attn_out", [fetch(p + "attn_output.weight")]),
-                gate_up=_store_linear(w, p + "gate_up", gate_up),
-                down=_store_linear(w, p + "down", [fetch(p + "ffn_down.weight")]),
+                qkv=_store_linear(w, p + "qkv", qkv_mats, qkv_bias, grouped),
+                out=_store_linear(
+                    w, p + "attn_out", [fetch(p + "attn_output.weight")], None, grouped
+                ),
+                gate_up=_store_linear(w, p + "gate_up", gate_up, None, grouped),
+                down=_store_linear(w, p + "down", [fetch(p + "ffn_down.weight")], None, grouped),
             )
             if cfg.qk_norm:
                 q_norm = _vector(g, p + "attn_q_norm.weight") * np.float32(cfg.q_scale)
@@ -302,7 +321,7 @@ def write_weights(
                 progress((i + 1) / (cfg.n_layers + 1))
         head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
         out_norm = w.add("output_norm", _vector(g, "output_norm.weight"))
-        lm_head = _store_linear(w, "lm_head", [fetch(head)])
+        lm_head = _store_linear(w, "lm_head", [fetch(head)], None, grouped)
     finally:
         w.close()
     return Weights(layers, out_norm, lm_head, w.tensors)

@@ -52,13 +52,12 @@ SOURCES = (
     "qdot_avx512.cc",  # and on AVX-512 VNNI
     "qmatmul_op.cc",
     "qmatmul_act.cc",
-    "q4k_x8.cc",
     "attention_op.cc",
     "attention_avx2.cc",
     "rope_attention_op.cc",
     "kernels_entry.cc",
 )
-HEADERS = ("qblocks.h", "qdot_x86.h", "q4k_x8.h", "q4k_x8_x86.h", "qmatmul_act.h", "attention.h")
+HEADERS = ("qblocks.h", "qdot_x86.h", "q4k_x8_x86.h", "qmatmul_act.h", "attention.h")
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"
 _TIMEOUT_S = 600

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from synthetic import ggml_type, quantize_tensor
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
+from npuchat.engine.graph_native import regroup_q4_k
 
-LAYOUT_ENV = "NPUCHAT_Q4K_LAYOUT"  # "rows": the kernels read Q4_K as the GGUF's rows
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
 N, K = 80, 512  # N is not a multiple of the op's task size
 
@@ -62,7 +61,7 @@ def session(
     bias: np.ndarray | None = None,
     **overrides: int,
 ) -> ort.InferenceSession:
-    attrs = {"ggml_type": int(qtype), "N": raw.shape[0], "K": k, **overrides}
+    attrs = {"ggml_type": int(qtype), "N": raw.shape[0], "K": k, **overrides}  # N: rows of `raw`
     inputs, inits = ["x", "w"], [numpy_helper.from_array(raw, "w")]
     if bias is not None:
         inputs.append("bias")
@@ -118,20 +117,16 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
 
 
 def layout_mismatches() -> list[str]:
-    """Q4_K matrices whose rows come in eights are regrouped at load for the eight-row kernels;
-    their numbers must be those of the GGUF's rows (`NPUCHAT_Q4K_LAYOUT=rows`), at every row
-    count, plain and SwiGLU (gate|up) alike: the cases that differ."""
+    """Q4_K rows regrouped eight at a time (`regroup_q4_k`, the op's layout 1) must give the
+    numbers of the GGUF's rows at every row count, plain and SwiGLU (gate|up) alike: the cases
+    that differ."""
     qtype = ggml_type("q4_k")
     mismatches = []
     for k, glu in ((512, 0), (1024, 0), (512, 1)):
         raw = blocks(weights(96, k, seed=11), qtype)
         x = np.random.default_rng(12).standard_normal((11, k)).astype(np.float32)
-        os.environ[LAYOUT_ENV] = "rows"
-        try:
-            plain = session(raw, qtype, k, glu=glu)
-        finally:
-            del os.environ[LAYOUT_ENV]
-        grouped = session(raw, qtype, k, glu=glu)
+        plain = session(raw, qtype, k, glu=glu)
+        grouped = session(regroup_q4_k(raw), qtype, k, glu=glu, layout=1, N=raw.shape[0])
         for rows in (1, 2, 3, 4, 5, 9, 11):
             a = plain.run(None, {"x": x[:rows]})[0]
             b = grouped.run(None, {"x": x[:rows]})[0]

@@ -21,6 +21,7 @@ from synthetic import ggml_type
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.graph_native import regroup_q4_k
 from npuchat.engine.kernel_build import build_kernels
 
 if shutil.which("g++") is None or shutil.which("npm") is None:
@@ -220,6 +221,16 @@ def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
         session(raw[:-1].copy(), qtype, K, N=N - 1, glu=1)
     with pytest.raises(Exception, match="glu must be 0 or 1"):
         session(raw, qtype, K, glu=2)
+    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K"):
+        session(raw, qtype, K, layout=1)  # Q8_0 rows are never regrouped
+    q4k = ggml_type("q4_k")
+    grouped = regroup_q4_k(blocks(weights(), q4k))
+    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K and N"):
+        session(grouped, q4k, K, layout=1, N=N - 4)
+    with pytest.raises(Exception, match="W must hold N / 8 groups"):
+        session(grouped[:-1].copy(), q4k, K, layout=1, N=N).run(
+            None, {"x": np.zeros((1, K), np.float32)}
+        )
 
 
 def test_the_build_is_reused_and_a_machine_without_tools_falls_back(

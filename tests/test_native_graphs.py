@@ -44,6 +44,16 @@ def _ops(model: Model) -> Counter[str]:
     return Counter(n.op_type for n in graph.graph.node)
 
 
+def _regrouped(model: Model) -> int:
+    """QMatMul nodes that read Q4_K rows regrouped in eights (`layout` 1)."""
+    graph = onnx.load(str(model.graph_dir / "decoder.onnx"), load_external_data=False)
+    return sum(
+        1
+        for n in graph.graph.node
+        if n.op_type == "QMatMul" and any(a.name == "layout" and a.i == 1 for a in n.attribute)
+    )
+
+
 @pytest.fixture(autouse=True)
 def native(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUCHAT_KERNELS", "on")
@@ -64,6 +74,9 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
         # with its rotary, head norms and cache writes (`npuchat.RopeAttention`)
         assert ops["RopeAttention"] == m.config.n_layers and ops["Softmax"] == 0
         assert ops["RotaryEmbedding"] == ops["Attention"] == 0
+        # Q4_K rows are regrouped eight at a time for the eight-row kernels (numbers checked
+        # against the reference below); no other type is
+        assert (_regrouped(m) > 0) == (case == "qwen2-q4_k_m")
         if case == "phi3-q5_0":
             assert ops["MatMulNBits"] == 0 and ops["MatMul"] == m.config.n_layers  # f16 down
         else:

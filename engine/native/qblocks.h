@@ -120,10 +120,11 @@ inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
 // accm = fma(float(M), dmin * d_x, accm) block by block, and acc - accm (llama.cpp's float steps
 // for its repacked Q4_K): no step depends on how the integers were summed.
 //
-// Q4_K rows regrouped eight at a time (`repack_q4_k_x8`, q4k_x8.cc): per super-block, the eight
-// rows' d and dmin, their 6-bit scales and minima as bytes, and their nibble bytes in runs of
-// four per row, so that one 32-byte load holds the same four-element group of all eight rows and
-// one broadcast of four activations feeds eight dot products (llama.cpp's q4_K_8x8 idea).
+// Q4_K rows regrouped eight at a time (the graph builder writes them: graph_native.regroup_q4_k):
+// per super-block, the eight rows' d and dmin, their 6-bit scales and minima as bytes, and their
+// nibble bytes in runs of four per row, so that one 32-byte load holds the same four-element
+// group of all eight rows and one broadcast of four activations feeds eight dot products
+// (llama.cpp's q4_K_8x8 idea; this layout keeps each row's sums in one int32 lane).
 struct Q4KX8 {
   uint16_t d[8], dmin[8];
   uint8_t scales[8][8];  // [sub-block][row]
@@ -131,9 +132,6 @@ struct Q4KX8 {
   uint8_t qs[4][8][32];  // [64-element chunk][four-element group][row][4 nibble bytes]
 };
 static_assert(sizeof(Q4KX8) == 1184, "Q4KX8 must stay packed");
-
-// Eight Q4_K rows (`row_bytes` apart, nb super-blocks each) into nb Q4KX8 blocks.
-void repack_q4_k_x8(const uint8_t* w, size_t row_bytes, int nb, Q4KX8* out);
 
 // Eight regrouped rows (nb Q4KX8 blocks) . `rows` activation rows (1..MAX_ROWS):
 // out[8 * r + i] = row i . x[r], by the steps above.

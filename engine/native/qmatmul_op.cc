@@ -9,7 +9,8 @@
 //            multiplied by scale (a fused Q|K|V matmul folds attention's 1/sqrt(dh) into Q);
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
 //            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
-//            epsilon (optional, with norm): RMSNorm's epsilon
+//            epsilon (optional, with norm): RMSNorm's epsilon; layout (optional, 0): 1 = W holds
+//            Q4_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 blocks, qblocks.h)
 //   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
 //            (the residual stream the next layer continues from)
 //
@@ -27,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "q4k_x8.h"
 #include "qblocks.h"
 #include "qmatmul_act.h"
 
@@ -49,7 +49,7 @@ struct Job {
   int type;
   int64_t m, n, k;
   int64_t tile;
-  const uint8_t* w;
+  const uint8_t* w;  // the GGUF's rows, or nullptr (x8)
   size_t row_bytes;
   const uint8_t* act;
   size_t act_row_bytes;
@@ -58,7 +58,7 @@ struct Job {
   int64_t scaled_rows;
   const float* bias;  // nullptr: none
   bool glu;
-  const uint8_t* x8;  // the Q4_K rows regrouped eight at a time (q4k_x8.h); nullptr: not
+  const uint8_t* x8;  // or the Q4_K rows regrouped eight at a time (layout 1; w is then nullptr)
 };
 
 // silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
@@ -169,8 +169,7 @@ struct QMatMulKernel {
   float eps = 0.0f;
   bool glu = false;
   size_t row_bytes = 0;
-  std::shared_ptr<const uint8_t> x8;  // W regrouped (Q4_K): made at load, shared (q4k_x8.h)
-  const uint8_t* x8_of = nullptr;     // the W it was made from
+  bool x8 = false;  // W holds the rows regrouped eight at a time (layout 1)
 
   OrtStatusPtr init(const OrtKernelInfo* info) {
     Ort::ConstKernelInfo ki(info);
@@ -179,14 +178,10 @@ struct QMatMulKernel {
     k = ki.GetAttribute<int64_t>("K");
     scale = ki.GetAttribute<float>("scale");
     scaled_rows = ki.GetAttribute<int64_t>("scaled_rows");
-    int64_t glu_attr = 0;  // absent in graphs that do not fuse the MLP's activation
-    OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, "glu", &glu_attr);
-    if (absent != nullptr) {
-      Ort::GetApi().ReleaseStatus(absent);
-      glu_attr = 0;
-    }
+    const int64_t glu_attr = optional_int(info, "glu");  // absent: no fused activation
+    const int64_t layout = optional_int(info, "layout");
     if (glu_attr != 0 && glu_attr != 1) return error(ORT_INVALID_ARGUMENT, "glu must be 0 or 1");
-    absent = Ort::GetApi().KernelInfoGetAttribute_float(info, "epsilon", &eps);
+    OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_float(info, "epsilon", &eps);
     if (absent != nullptr) {  // graphs without a fused norm
       Ort::GetApi().ReleaseStatus(absent);
       eps = 0.0f;
@@ -201,25 +196,28 @@ struct QMatMulKernel {
       return error(ORT_INVALID_ARGUMENT, "glu needs an even N (gate rows, then up rows), no scale");
     }
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
-    regroup(ki);
+    x8 = layout == 1;
+    if (layout != 0 && !(x8 && type == npq::Q4_K && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
+      return error(ORT_INVALID_ARGUMENT,
+                   "layout 1 (rows regrouped in eights) needs Q4_K and N (N / 2 with glu) a "
+                   "multiple of 8; layout 0 is the GGUF's rows");
+    }
     return nullptr;
   }
 
-  // A constant Q4_K W whose rows (gate and up rows each, for glu) come in eights is regrouped
-  // for the eight-row kernels now, at load, not on the first step. NPUCHAT_Q4K_LAYOUT=rows keeps
-  // the GGUF's rows (the same numbers, more time: for side-by-side measurements).
-  void regroup(const Ort::ConstKernelInfo& ki) {
-    const char* layout = std::getenv("NPUCHAT_Q4K_LAYOUT");
-    if (type != npq::Q4_K || n % 8 != 0 || (glu && (n / 2) % 8 != 0)) return;
-    if (layout != nullptr && std::string(layout) == "rows") return;
-    int constant = 0;
-    const Ort::ConstValue w = ki.GetTensorConstantInput(1, &constant);
-    if (constant == 0 || w == nullptr) return;  // W fed at run time: read as it is
-    if (w.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n) * row_bytes) {
-      return;  // compute() reports the size
-    }
-    x8_of = w.GetTensorData<uint8_t>();
-    x8 = npq::shared_q4_k_x8(x8_of, row_bytes, n);
+  // An int attribute that graphs may leave out (0 then).
+  static int64_t optional_int(const OrtKernelInfo* info, const char* name) {
+    int64_t value = 0;
+    OrtStatus* absent = Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value);
+    if (absent == nullptr) return value;
+    Ort::GetApi().ReleaseStatus(absent);
+    return 0;
+  }
+
+  // W's bytes: N rows of blocks, or N / 8 groups of Q4KX8 blocks (layout 1).
+  size_t weight_bytes() const {
+    if (!x8) return static_cast<size_t>(n) * row_bytes;
+    return static_cast<size_t>(n / 8) * (row_bytes / 144) * sizeof(npq::Q4KX8);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -240,8 +238,9 @@ struct QMatMulKernel {
     if (shape.empty() || shape.back() != k) {
       return error(ORT_INVALID_ARGUMENT, "x's last dimension must be K = " + std::to_string(k));
     }
-    if (w.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n) * row_bytes) {
-      return error(ORT_INVALID_ARGUMENT, "W must hold N rows of K/block blocks");
+    if (w.GetTensorTypeAndShapeInfo().GetElementCount() != weight_bytes()) {
+      return error(ORT_INVALID_ARGUMENT, x8 ? "W must hold N / 8 groups of eight regrouped Q4_K rows"
+                                            : "W must hold N rows of K/block blocks");
     }
     const size_t inputs = ctx.GetInputCount();
     const float* bias = nullptr;
@@ -303,11 +302,10 @@ struct QMatMulKernel {
     // threads share a 1,536-row matrix evenly.
     const int64_t rows_per_output = glu ? 2 : 1;
     const uint8_t* wd = w.GetTensorData<uint8_t>();
-    const uint8_t* grouped = x8 != nullptr && wd == x8_of ? x8.get() : nullptr;
     int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
-    if (grouped != nullptr) tile = (tile + 7) / 8 * 8;  // whole groups of eight rows
-    Job job{&kern,    type,    m,     n, k, tile, wd, row_bytes, act.data(), act_row,
-            y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, grouped};
+    if (x8) tile = (tile + 7) / 8 * 8;  // whole groups of eight rows
+    Job job{&kern,  type, m, n, k, tile, x8 ? nullptr : wd, row_bytes, act.data(), act_row,
+            y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, x8 ? wd : nullptr};
     const int64_t width = glu ? n / 2 : n;  // a glu task reads two weight rows per output
     const size_t tiles = static_cast<size_t>((width + tile - 1) / tile);
     ctx.ParallelFor(run_tile, tiles, 0, &job);
