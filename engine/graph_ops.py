@@ -214,6 +214,8 @@ def gated_mlp(
     if glu_fuses(gate_up, activation):
         xin = x if pad is None else pad.unpad(gr, x)
         return qmatmul(gr, xin, gate_up[0], glu=True)
+    if any(lin.layout == 2 for lin in gate_up):
+        raise ValueError("gate/up rows paired for the fused SwiGLU but the MLP does not fuse it")
     gu = linear(gr, x, gate_up, level, pad, keep_pad=True)
     gate, up = gr.op("Split", [gu, gr.ints([ffn_dim, ffn_dim])], n_out=2, axis=-1)
     if activation == "gelu_tanh":

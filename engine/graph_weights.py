@@ -129,7 +129,9 @@ class Linear:
     ggml_type: int = 0  # nonzero: `b` holds GGUF blocks of this type for npuchat.QMatMul
     scale: float = 1.0  # ... whose first `scaled_rows` outputs are multiplied by `scale`
     scaled_rows: int = 0
-    layout: int = 0  # 1: Q4_K rows regrouped eight at a time (`graph_native.regroup_q4_k`)
+    layout: int = (
+        0  # Q4_K rows regrouped in eights (`graph_native.regroup_q4_k`); 2: gate/up paired
+    )
 
 
 @dataclass
@@ -160,10 +162,13 @@ def _store_linear(
     mats: Sequence[Matrix],
     bias: np.ndarray | None = None,
     regroup: bool = False,
+    glu: bool = False,
 ) -> list[Linear]:
     """Write matrices as fused groups of one kind each (output order is preserved); `regroup`:
     Q4_K groups whose rows come in sixteens (so that gate and up halves do in eights too) are
-    written regrouped for the eight-row kernels."""
+    written regrouped for the eight-row kernels; `glu`: the matrices are gate and up of an MLP
+    whose op computes silu(gate) * up (`graph_ops.glu_fuses`), and a single group of them is
+    regrouped with each gate group beside its up group (layout 2)."""
     groups: list[list[Matrix]] = []
     for m in mats:
         if groups and groups[-1][0].kind == m.kind:
@@ -177,12 +182,11 @@ def _store_linear(
         if isinstance(group[0], RawRows):
             parts = [g for g in group if isinstance(g, RawRows)]
             raw, scaled_rows = stack_native(parts, w.joined(parts))
-            layout = int(
-                regroup
-                and raw.ggml_type == GGMLQuantizationType.Q4_K
-                and raw.n % (2 * Q4K_GROUP) == 0
-            )
-            data = regroup_q4_k(raw.data) if layout else raw.data
+            q4k = raw.ggml_type == GGMLQuantizationType.Q4_K
+            layout = int(regroup and q4k and raw.n % (2 * Q4K_GROUP) == 0)
+            halves = bool(layout) and glu and len(groups) == 1 and scaled_rows == 0
+            data = regroup_q4_k(raw.data, halves) if layout else raw.data
+            layout += int(halves)
             lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", data), layout=layout)
             lin.ggml_type, lin.scale, lin.scaled_rows = int(raw.ggml_type), raw.scale, scaled_rows
             if bias is not None:
@@ -288,6 +292,7 @@ def write_weights(
 
     w = _WeightWriter(out_dir / WEIGHTS_FILE, g if native else None)
     grouped = native and regroup
+    glu = cfg.activation != "gelu_tanh"  # the fused op's SwiGLU (`graph_ops.glu_fuses`)
     try:
         layers = []
         for i in range(cfg.n_layers):
@@ -304,7 +309,7 @@ def write_weights(
                 out=_store_linear(
                     w, p + "attn_out", [fetch(p + "attn_output.weight")], None, grouped
                 ),
-                gate_up=_store_linear(w, p + "gate_up", gate_up, None, grouped),
+                gate_up=_store_linear(w, p + "gate_up", gate_up, None, grouped, glu),
                 down=_store_linear(w, p + "down", [fetch(p + "ffn_down.weight")], None, grouped),
             )
             if cfg.qk_norm:

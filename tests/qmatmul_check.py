@@ -117,21 +117,24 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
 
 
 def layout_mismatches() -> list[str]:
-    """Q4_K rows regrouped eight at a time (`regroup_q4_k`, the op's layout 1) must give the
-    numbers of the GGUF's rows at every row count, plain and SwiGLU (gate|up) alike: the cases
-    that differ."""
+    """Q4_K rows regrouped eight at a time (`regroup_q4_k`, the op's layout 1, and 2 with gate
+    and up groups paired) must give the numbers of the GGUF's rows at every row count, plain and
+    SwiGLU (gate|up) alike: the cases that differ."""
     qtype = ggml_type("q4_k")
     mismatches = []
     for k, glu in ((512, 0), (1024, 0), (512, 1)):
         raw = blocks(weights(96, k, seed=11), qtype)
         x = np.random.default_rng(12).standard_normal((11, k)).astype(np.float32)
         plain = session(raw, qtype, k, glu=glu)
-        grouped = session(regroup_q4_k(raw), qtype, k, glu=glu, layout=1, N=raw.shape[0])
+        layouts = {1: session(regroup_q4_k(raw), qtype, k, glu=glu, layout=1, N=raw.shape[0])}
+        if glu:  # gate group i beside up group i
+            grouped = regroup_q4_k(raw, halves=True)
+            layouts[2] = session(grouped, qtype, k, glu=glu, layout=2, N=raw.shape[0])
         for rows in (1, 2, 3, 4, 5, 9, 11):
             a = plain.run(None, {"x": x[:rows]})[0]
-            b = grouped.run(None, {"x": x[:rows]})[0]
-            if not np.array_equal(a, b):
-                mismatches.append(f"q4_k K={k} glu={glu}: {rows} rows regrouped")
+            for layout, op in layouts.items():
+                if not np.array_equal(a, op.run(None, {"x": x[:rows]})[0]):
+                    mismatches.append(f"q4_k K={k} glu={glu}: {rows} rows in layout {layout}")
     return mismatches
 
 

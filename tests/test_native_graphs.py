@@ -45,12 +45,12 @@ def _ops(model: Model) -> Counter[str]:
 
 
 def _regrouped(model: Model) -> int:
-    """QMatMul nodes that read Q4_K rows regrouped in eights (`layout` 1)."""
+    """QMatMul nodes that read Q4_K rows regrouped in eights (`layout` 1, or 2: gate/up paired)."""
     graph = onnx.load(str(model.graph_dir / "decoder.onnx"), load_external_data=False)
     return sum(
         1
         for n in graph.graph.node
-        if n.op_type == "QMatMul" and any(a.name == "layout" and a.i == 1 for a in n.attribute)
+        if n.op_type == "QMatMul" and any(a.name == "layout" and a.i in (1, 2) for a in n.attribute)
     )
 
 

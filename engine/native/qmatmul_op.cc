@@ -10,7 +10,8 @@
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
 //            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
 //            epsilon (optional, with norm): RMSNorm's epsilon; layout (optional, 0): 1 = W holds
-//            Q4_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 blocks, qblocks.h)
+//            Q4_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 blocks, qblocks.h),
+//            2 = the same with gate group i followed by up group i (glu: one stream per output)
 //   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
 //            (the residual stream the next layer continues from)
 //
@@ -59,6 +60,7 @@ struct Job {
   const float* bias;  // nullptr: none
   bool glu;
   const uint8_t* x8;  // or the Q4_K rows regrouped eight at a time (layout 1; w is then nullptr)
+  bool paired;        // x8's gate and up groups alternate (layout 2)
 };
 
 // silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
@@ -101,8 +103,13 @@ void products(const Job& j, int64_t n0, int len, const uint8_t* const* rows, int
               float* out) {
   if (j.x8 != nullptr) {
     float part[npq::MAX_ROWS * 8];
+    const int64_t width = j.n / 2;
     for (int c = 0; c < len; c += 8) {
-      const size_t group = static_cast<size_t>((n0 + c) / 8);
+      // the group's place: in order, or gate group i then up group i (paired)
+      const int64_t n = n0 + c;
+      const size_t group = static_cast<size_t>(!j.paired ? n / 8
+                                                : n < width ? 2 * (n / 8)
+                                                            : 2 * ((n - width) / 8) + 1);
       j.kern->q4_k_x8(j.x8 + group * nb * sizeof(npq::Q4KX8), rows, count, nb, part);
       for (int i = 0; i < count; ++i) {
         for (int e = 0; e < 8; ++e) out[i * BLOCK_N + c + e] = part[8 * i + e];
@@ -131,8 +138,9 @@ void run_tile(void* data, size_t t) {
   const int64_t n1 = std::min(width, n0 + j.tile);
   const uint8_t* rows[npq::MAX_ROWS];
   float out[npq::MAX_ROWS * BLOCK_N], up[npq::MAX_ROWS * BLOCK_N];
-  for (int64_t b0 = n0; b0 < n1; b0 += BLOCK_N) {
-    const int len = static_cast<int>(std::min(n1, b0 + BLOCK_N) - b0);
+  const int64_t block = j.paired ? 8 : BLOCK_N;  // paired: gate then up group, in file order
+  for (int64_t b0 = n0; b0 < n1; b0 += block) {
+    const int len = static_cast<int>(std::min(n1, b0 + block) - b0);
     for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
       const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
       for (int i = 0; i < count; ++i) {
@@ -169,7 +177,8 @@ struct QMatMulKernel {
   float eps = 0.0f;
   bool glu = false;
   size_t row_bytes = 0;
-  bool x8 = false;  // W holds the rows regrouped eight at a time (layout 1)
+  bool x8 = false;      // W holds the rows regrouped eight at a time (layout 1 or 2)
+  bool paired = false;  // ... with gate group i beside up group i (layout 2, glu only)
 
   OrtStatusPtr init(const OrtKernelInfo* info) {
     Ort::ConstKernelInfo ki(info);
@@ -196,12 +205,14 @@ struct QMatMulKernel {
       return error(ORT_INVALID_ARGUMENT, "glu needs an even N (gate rows, then up rows), no scale");
     }
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
-    x8 = layout == 1;
+    x8 = layout == 1 || layout == 2;
+    paired = layout == 2;
     if (layout != 0 && !(x8 && type == npq::Q4_K && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
       return error(ORT_INVALID_ARGUMENT,
                    "layout 1 (rows regrouped in eights) needs Q4_K and N (N / 2 with glu) a "
                    "multiple of 8; layout 0 is the GGUF's rows");
     }
+    if (paired && !glu) return error(ORT_INVALID_ARGUMENT, "layout 2 (gate/up paired) needs glu");
     return nullptr;
   }
 
@@ -305,7 +316,8 @@ struct QMatMulKernel {
     int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
     if (x8) tile = (tile + 7) / 8 * 8;  // whole groups of eight rows
     Job job{&kern,  type, m, n, k, tile, x8 ? nullptr : wd, row_bytes, act.data(), act_row,
-            y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, x8 ? wd : nullptr};
+            y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, x8 ? wd : nullptr,
+            paired};
     const int64_t width = glu ? n / 2 : n;  // a glu task reads two weight rows per output
     const size_t tiles = static_cast<size_t>((width + tile - 1) / tile);
     ctx.ParallelFor(run_tile, tiles, 0, &job);
