@@ -23,7 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from .custom_ops import COVERED_TYPES
 from .gguf_reader import GGUFFile
 
-__all__ = ["Q4K_GROUP", "RawRows", "native_rows", "regroup_q4_k", "stack_native"]
+__all__ = ["Q4K_GROUP", "RawRows", "native_rows", "pair_halves", "regroup_q4_k", "stack_native"]
 
 Q4K_GROUP = 8  # rows per group of the regrouped layout
 _Q4K_BYTES = 144  # a Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/minima, 128 nibbles
@@ -85,16 +85,21 @@ def stack_native(parts: Sequence[RawRows], joined: np.ndarray | None = None) -> 
     return RawRows(parts[0].ggml_type, parts[0].k, data, scale), scaled_rows
 
 
-def regroup_q4_k(data: np.ndarray, halves: bool = False) -> np.ndarray:
+def pair_halves(data: np.ndarray) -> np.ndarray:
+    """Rows gate|up of a SwiGLU MLP (`[n, row_bytes]`, n / 2 a multiple of 8) reordered as gate
+    rows 0-7, up rows 0-7, gate rows 8-15, ...: the fused op reads an output's two rows from one
+    stream (QMatMul `paired`). Read as two streams, gate|up ran at 15-19 GB/s in a 1.5B decode
+    step and 15 GB/s in a 0.5B one, against 21-30 GB/s for the single-stream matrices beside it."""
+    n, row_bytes = data.shape
+    halves = data.reshape(2, n // (2 * Q4K_GROUP), Q4K_GROUP, row_bytes)
+    return np.ascontiguousarray(halves.transpose(1, 0, 2, 3)).reshape(n, row_bytes)
+
+
+def regroup_q4_k(data: np.ndarray) -> np.ndarray:
     """Q4_K rows `[n, nb * 144]` (n a multiple of 8) as `[n / 8, nb * 1184]` bytes: per group of
     eight rows and per super-block, the rows' d, then dmin, the 6-bit scales and minima unpacked to
     bytes (`scales[sub-block][row]`, `mins[pair][row][2]`), then the nibble bytes in runs of four
-    per row (`qs[64-element chunk][four-element group][row][4]`), as `Q4KX8` declares them.
-
-    `halves`: the rows are gate|up of a SwiGLU MLP (n a multiple of 16), and each gate group is
-    followed by its up group, so that an output's two rows are read from one stream (the op's
-    layout 2): gate|up read as two streams ran at 15-19 GB/s in a 1.5B decode step, against
-    21-26 GB/s for the single-stream matrices of the same step."""
+    per row (`qs[64-element chunk][four-element group][row][4]`), as `Q4KX8` declares them."""
     n, row_bytes = data.shape
     nb = row_bytes // _Q4K_BYTES
     groups = n // Q4K_GROUP
@@ -118,6 +123,4 @@ def regroup_q4_k(data: np.ndarray, halves: bool = False) -> np.ndarray:
         dst[..., 96:160] = pairs.reshape(g1 - g0, nb, 64)
         qs = b[..., 16:144].reshape(g1 - g0, nb, Q4K_GROUP, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
         dst[..., 160:] = qs.reshape(g1 - g0, nb, 1024)
-    if halves:  # gate group i, then up group i
-        out = out[np.arange(groups).reshape(2, groups // 2).T.reshape(-1)]
     return out.reshape(groups, nb * _X8_BYTES)

@@ -154,6 +154,8 @@ def qmatmul(
     extra: dict[str, Any] = {"glu": 1} if glu else {}
     if lin.layout:
         extra["layout"] = lin.layout
+    if lin.paired:
+        extra["paired"] = 1
     ins = [x, lin.b] + ([lin.bias] if lin.bias else [])
     if norm is not None:  # no skip: `x` is already the sum
         ins = [x, lin.b, lin.bias, norm.skip if sums else "", norm.weight]
@@ -214,7 +216,7 @@ def gated_mlp(
     if glu_fuses(gate_up, activation):
         xin = x if pad is None else pad.unpad(gr, x)
         return qmatmul(gr, xin, gate_up[0], glu=True)
-    if any(lin.layout == 2 for lin in gate_up):
+    if any(lin.paired for lin in gate_up):
         raise ValueError("gate/up rows paired for the fused SwiGLU but the MLP does not fuse it")
     gu = linear(gr, x, gate_up, level, pad, keep_pad=True)
     gate, up = gr.op("Split", [gu, gr.ints([ffn_dim, ffn_dim])], n_out=2, axis=-1)

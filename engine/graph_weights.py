@@ -22,7 +22,14 @@ from onnx import TensorProto, helper
 from .errors import UnsupportedModelError
 from .gguf_initializers import GGUF_REF
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_native import Q4K_GROUP, RawRows, native_rows, regroup_q4_k, stack_native
+from .graph_native import (
+    Q4K_GROUP,
+    RawRows,
+    native_rows,
+    pair_halves,
+    regroup_q4_k,
+    stack_native,
+)
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 Matrix = QuantMatrix | RawRows
@@ -129,9 +136,8 @@ class Linear:
     ggml_type: int = 0  # nonzero: `b` holds GGUF blocks of this type for npuchat.QMatMul
     scale: float = 1.0  # ... whose first `scaled_rows` outputs are multiplied by `scale`
     scaled_rows: int = 0
-    layout: int = (
-        0  # Q4_K rows regrouped in eights (`graph_native.regroup_q4_k`); 2: gate/up paired
-    )
+    layout: int = 0  # 1: Q4_K rows regrouped in eights (`graph_native.regroup_q4_k`)
+    paired: bool = False  # gate|up rows alternating in eights (`graph_native.pair_halves`)
 
 
 @dataclass
@@ -168,7 +174,7 @@ def _store_linear(
     Q4_K groups whose rows come in sixteens (so that gate and up halves do in eights too) are
     written regrouped for the eight-row kernels; `glu`: the matrices are gate and up of an MLP
     whose op computes silu(gate) * up (`graph_ops.glu_fuses`), and a single group of them is
-    regrouped with each gate group beside its up group (layout 2)."""
+    written with gate and up rows alternating in eights (`graph_native.pair_halves`)."""
     groups: list[list[Matrix]] = []
     for m in mats:
         if groups and groups[-1][0].kind == m.kind:
@@ -183,11 +189,12 @@ def _store_linear(
             parts = [g for g in group if isinstance(g, RawRows)]
             raw, scaled_rows = stack_native(parts, w.joined(parts))
             q4k = raw.ggml_type == GGMLQuantizationType.Q4_K
+            paired = glu and len(groups) == 1 and scaled_rows == 0 and raw.n % 16 == 0
             layout = int(regroup and q4k and raw.n % (2 * Q4K_GROUP) == 0)
-            halves = bool(layout) and glu and len(groups) == 1 and scaled_rows == 0
-            data = regroup_q4_k(raw.data, halves) if layout else raw.data
-            layout += int(halves)
+            data = pair_halves(raw.data) if paired else raw.data
+            data = regroup_q4_k(data) if layout else data
             lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", data), layout=layout)
+            lin.paired = paired
             lin.ggml_type, lin.scale, lin.scaled_rows = int(raw.ggml_type), raw.scale, scaled_rows
             if bias is not None:
                 lin.bias = w.add(base + ".bias", bias[row : row + raw.n])

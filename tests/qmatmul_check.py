@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from synthetic import ggml_type, quantize_tensor
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
-from npuchat.engine.graph_native import regroup_q4_k
+from npuchat.engine.graph_native import pair_halves, regroup_q4_k
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
 N, K = 80, 512  # N is not a multiple of the op's task size
@@ -61,7 +61,8 @@ def session(
     bias: np.ndarray | None = None,
     **overrides: int,
 ) -> ort.InferenceSession:
-    attrs = {"ggml_type": int(qtype), "N": raw.shape[0], "K": k, **overrides}  # N: rows of `raw`
+    n = raw.shape[0] * (8 if overrides.get("layout") else 1)  # regrouped: a row per eight
+    attrs = {"ggml_type": int(qtype), "N": n, "K": k, **overrides}
     inputs, inits = ["x", "w"], [numpy_helper.from_array(raw, "w")]
     if bias is not None:
         inputs.append("bias")
@@ -117,24 +118,30 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
 
 
 def layout_mismatches() -> list[str]:
-    """Q4_K rows regrouped eight at a time (`regroup_q4_k`, the op's layout 1, and 2 with gate
-    and up groups paired) must give the numbers of the GGUF's rows at every row count, plain and
-    SwiGLU (gate|up) alike: the cases that differ."""
-    qtype = ggml_type("q4_k")
+    """Rows as the graph builder may write them must give the numbers of the GGUF's rows at
+    every row count: Q4_K regrouped eight at a time (`regroup_q4_k`, the op's layout 1), and a
+    SwiGLU's gate|up rows paired in eights (`pair_halves`, `paired`), for every type. The cases
+    that differ."""
     mismatches = []
-    for k, glu in ((512, 0), (1024, 0), (512, 1)):
+    cases = [("q4_k", 512, 0), ("q4_k", 1024, 0)] + [(t, 512, 1) for t in TYPES]
+    for name, k, glu in cases:
+        qtype = ggml_type(name)
         raw = blocks(weights(96, k, seed=11), qtype)
         x = np.random.default_rng(12).standard_normal((11, k)).astype(np.float32)
         plain = session(raw, qtype, k, glu=glu)
-        layouts = {1: session(regroup_q4_k(raw), qtype, k, glu=glu, layout=1, N=raw.shape[0])}
-        if glu:  # gate group i beside up group i
-            grouped = regroup_q4_k(raw, halves=True)
-            layouts[2] = session(grouped, qtype, k, glu=glu, layout=2, N=raw.shape[0])
+        variants = {}
+        if glu:
+            variants["paired"] = session(pair_halves(raw), qtype, k, glu=1, paired=1)
+        if name == "q4_k":
+            variants["regrouped"] = session(regroup_q4_k(raw), qtype, k, glu=glu, layout=1)
+            if glu:
+                both = regroup_q4_k(pair_halves(raw))
+                variants["regrouped, paired"] = session(both, qtype, k, glu=1, layout=1, paired=1)
         for rows in (1, 2, 3, 4, 5, 9, 11):
             a = plain.run(None, {"x": x[:rows]})[0]
-            for layout, op in layouts.items():
+            for label, op in variants.items():
                 if not np.array_equal(a, op.run(None, {"x": x[:rows]})[0]):
-                    mismatches.append(f"q4_k K={k} glu={glu}: {rows} rows in layout {layout}")
+                    mismatches.append(f"{name} K={k} glu={glu}: {rows} rows {label}")
     return mismatches
 
 

@@ -227,8 +227,8 @@ def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
     grouped = regroup_q4_k(blocks(weights(), q4k))
     with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K and N"):
         session(grouped, q4k, K, layout=1, N=N - 4)
-    with pytest.raises(Exception, match=r"layout 2 \(gate/up paired\) needs glu"):
-        session(regroup_q4_k(blocks(weights(), q4k), halves=True), q4k, K, layout=2, N=N)
+    with pytest.raises(Exception, match="paired gate/up rows need glu"):
+        session(raw, qtype, K, paired=1)
     with pytest.raises(Exception, match="W must hold N / 8 groups"):
         session(grouped[:-1].copy(), q4k, K, layout=1, N=N).run(
             None, {"x": np.zeros((1, K), np.float32)}

@@ -10,8 +10,9 @@
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
 //            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
 //            epsilon (optional, with norm): RMSNorm's epsilon; layout (optional, 0): 1 = W holds
-//            Q4_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 blocks, qblocks.h),
-//            2 = the same with gate group i followed by up group i (glu: one stream per output)
+//            Q4_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 blocks, qblocks.h);
+//            paired (optional, 0): 1 = with glu, gate rows 8i..8i+7 are followed by up rows
+//            8i..8i+7 (an output's two rows come from one stream)
 //   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
 //            (the residual stream the next layer continues from)
 //
@@ -60,7 +61,7 @@ struct Job {
   const float* bias;  // nullptr: none
   bool glu;
   const uint8_t* x8;  // or the Q4_K rows regrouped eight at a time (layout 1; w is then nullptr)
-  bool paired;        // x8's gate and up groups alternate (layout 2)
+  bool paired;        // gate and up rows alternate in eights (glu)
 };
 
 // silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
@@ -101,15 +102,13 @@ constexpr int64_t BLOCK_N = 16;
 // compute a pair's number by the same steps (qblocks.h), so it never depends on the path.
 void products(const Job& j, int64_t n0, int len, const uint8_t* const* rows, int count, int nb,
               float* out) {
+  const int64_t width = j.n / 2;
+  // Paired: gate rows 8i..8i+7 lie just before up rows 8i..8i+7 (a block is one such run).
+  const int64_t first = !j.paired ? n0 : n0 < width ? 2 * n0 - n0 % 8 : 2 * (n0 - width) - n0 % 8 + 8;
   if (j.x8 != nullptr) {
     float part[npq::MAX_ROWS * 8];
-    const int64_t width = j.n / 2;
     for (int c = 0; c < len; c += 8) {
-      // the group's place: in order, or gate group i then up group i (paired)
-      const int64_t n = n0 + c;
-      const size_t group = static_cast<size_t>(!j.paired ? n / 8
-                                                : n < width ? 2 * (n / 8)
-                                                            : 2 * ((n - width) / 8) + 1);
+      const size_t group = static_cast<size_t>((first + c) / 8);
       j.kern->q4_k_x8(j.x8 + group * nb * sizeof(npq::Q4KX8), rows, count, nb, part);
       for (int i = 0; i < count; ++i) {
         for (int e = 0; e < 8; ++e) out[i * BLOCK_N + c + e] = part[8 * i + e];
@@ -117,7 +116,7 @@ void products(const Job& j, int64_t n0, int len, const uint8_t* const* rows, int
     }
     return;
   }
-  const uint8_t* w = j.w + static_cast<size_t>(n0) * j.row_bytes;
+  const uint8_t* w = j.w + static_cast<size_t>(first) * j.row_bytes;
   if (count == 1) {  // one activation row (a decode step): the block's weight rows at once
     cols_for(*j.kern, j.type)(w, j.row_bytes, rows[0], len, nb, out);
     return;
@@ -177,8 +176,8 @@ struct QMatMulKernel {
   float eps = 0.0f;
   bool glu = false;
   size_t row_bytes = 0;
-  bool x8 = false;      // W holds the rows regrouped eight at a time (layout 1 or 2)
-  bool paired = false;  // ... with gate group i beside up group i (layout 2, glu only)
+  bool x8 = false;      // W holds the rows regrouped eight at a time (layout 1)
+  bool paired = false;  // gate rows 8i.. then up rows 8i.. (glu)
 
   OrtStatusPtr init(const OrtKernelInfo* info) {
     Ort::ConstKernelInfo ki(info);
@@ -205,14 +204,16 @@ struct QMatMulKernel {
       return error(ORT_INVALID_ARGUMENT, "glu needs an even N (gate rows, then up rows), no scale");
     }
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
-    x8 = layout == 1 || layout == 2;
-    paired = layout == 2;
+    x8 = layout == 1;
+    paired = optional_int(info, "paired") == 1;
     if (layout != 0 && !(x8 && type == npq::Q4_K && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
       return error(ORT_INVALID_ARGUMENT,
                    "layout 1 (rows regrouped in eights) needs Q4_K and N (N / 2 with glu) a "
                    "multiple of 8; layout 0 is the GGUF's rows");
     }
-    if (paired && !glu) return error(ORT_INVALID_ARGUMENT, "layout 2 (gate/up paired) needs glu");
+    if (paired && !(glu && (n / 2) % 8 == 0)) {
+      return error(ORT_INVALID_ARGUMENT, "paired gate/up rows need glu and N / 2 a multiple of 8");
+    }
     return nullptr;
   }
 
@@ -314,7 +315,7 @@ struct QMatMulKernel {
     const int64_t rows_per_output = glu ? 2 : 1;
     const uint8_t* wd = w.GetTensorData<uint8_t>();
     int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
-    if (x8) tile = (tile + 7) / 8 * 8;  // whole groups of eight rows
+    if (x8 || paired) tile = (tile + 7) / 8 * 8;  // whole groups or pairs of eight rows
     Job job{&kern,  type, m, n, k, tile, x8 ? nullptr : wd, row_bytes, act.data(), act_row,
             y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, x8 ? wd : nullptr,
             paired};
