@@ -1,13 +1,13 @@
 """Two ways of running the same model, side by side in one process: a change against what it
 replaced, on real models.
 
-    python benchmarks/paired_ab.py MODEL.gguf [...] --compare attention|q4k-layout
+    python benchmarks/paired_ab.py MODEL.gguf [...] --compare attention|k-layout
         [--rounds 24] [--context 128] [--threads 2]
 
 `attention`: `npuchat.RopeAttention` (the default graph) against the seventeen ops per layer it
-replaces (`GraphSpec.fused_attention=False`). `q4k-layout`: Q4_K matrices regrouped eight rows at
-a time (the default) against the GGUF's own rows (`GraphSpec.q4k_x8=False`). Loads each model
-twice with the native kernels and alternates the two round by round: decode steps (16 per
+replaces (`GraphSpec.fused_attention=False`). `k-layout`: Q4_K and Q6_K matrices regrouped eight
+rows at a time (the default) against the GGUF's own rows (`GraphSpec.regroup_k=False`). Loads
+each model twice with the native kernels and alternates the two round by round: decode steps (16 per
 round, after a warm-up step, at the given context) and every fourth round a 512-token prefill.
 Prints wall and process-CPU milliseconds per token (median, 25th percentile, minimum) and
 prefill tok/s (median) for each side; the machine's speed drifts from minute to minute, so only
@@ -44,9 +44,9 @@ COMPARISONS = {
         Variant("fused RopeAttention"),
         Variant("separate ops", graph=(("fused_attention", False),)),
     ),
-    "q4k-layout": (
-        Variant("Q4_K regrouped x8"),
-        Variant("Q4_K GGUF rows", graph=(("q4k_x8", False),)),
+    "k-layout": (
+        Variant("K rows regrouped x8"),
+        Variant("K rows as in the GGUF", graph=(("regroup_k", False),)),
     ),
 }
 

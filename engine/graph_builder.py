@@ -123,7 +123,7 @@ __all__ = [
 ]
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "20"
+BUILDER_VERSION = "21"
 OPSET = 23  # RotaryEmbedding
 
 
@@ -347,9 +347,9 @@ def build_graphs(
         native = any(s.native_kernels for s in specs.values())
         if native and not all(s.native_kernels for s in specs.values()):
             raise ValueError("graphs sharing one weights.bin all use the native kernels or none")
-        regroup = {s.q4k_x8 for s in specs.values()}
+        regroup = {s.regroup_k for s in specs.values()}
         if len(regroup) > 1:
-            raise ValueError("graphs sharing one weights.bin all regroup Q4_K rows or none")
+            raise ValueError("graphs sharing one weights.bin all regroup K-quant rows or none")
         weights = write_weights(g, out_dir, progress, native=native, regroup=regroup.pop())
         cfg = g.config
         smooth = k_smoothing(g) if any(s.kv_dtype == "int8" for s in specs.values()) else []

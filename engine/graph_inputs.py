@@ -38,7 +38,7 @@ class GraphSpec:
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
     attn_window: bool = False  # in place: attention reads the cache's first W slots (W: mask)
     fused_attention: bool = True  # native, in place, f32: `npuchat.RopeAttention` (rope_attend)
-    q4k_x8: bool = True  # native: Q4_K rows regrouped eight at a time (`graph_native`)
+    regroup_k: bool = True  # native: Q4_K, Q6_K rows regrouped eight at a time (`graph_native`)
 
     @classmethod
     def cpu(
@@ -114,7 +114,7 @@ class GraphSpec:
         if not (self.kv_inplace and self.native_kernels):  # builds nothing else
             del key["fused_attention"]
         if not self.native_kernels:
-            del key["q4k_x8"]
+            del key["regroup_k"]
         return key
 
 

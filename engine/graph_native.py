@@ -6,10 +6,12 @@ to prepack at load. Row operations the graph needs stay exact on blocks: a row p
 (llama's rotary layout) or a split (fused Q|K|V) moves whole rows; attention's 1/sqrt(dh) on Q
 becomes the op's `scale` over the first `scaled_rows` outputs instead of new block scales.
 
-Q4_K matrices are the exception (`regroup_q4_k`): their rows are regrouped eight at a time into
-the layout of the kernels' eight-row dot products (`Q4KX8` in `native/qblocks.h`), which read
-each weight byte once for eight rows' sums: ~2x the prefill and less CPU per decode step than
-the GGUF's rows, for a copy in the graph cache (2.8% larger than the blocks it holds).
+Q4_K and Q6_K matrices are the exception (`regroup_rows`): their rows are regrouped eight at a
+time into the layouts of the kernels' eight-row dot products (`Q4KX8`, `Q6KX8` in
+`native/qblocks.h`), which read each weight byte once for eight rows' sums: ~1.7-2x the prefill
+and less CPU per decode step than the GGUF's rows, for a copy in the graph cache (Q4_K 2.8%
+larger than its blocks, Q6_K the same size). A SwiGLU's gate|up rows of any type are paired in
+eights (`pair_halves`) so that the fused op reads an output's two rows from one stream.
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from .custom_ops import COVERED_TYPES
 from .gguf_reader import GGUFFile
 
-__all__ = ["Q4K_GROUP", "RawRows", "native_rows", "pair_halves", "regroup_q4_k", "stack_native"]
+__all__ = [
+    "Q4K_GROUP",
+    "RawRows",
+    "native_rows",
+    "pair_halves",
+    "regroup_q4_k",
+    "regroup_q6_k",
+    "regroup_rows",
+    "stack_native",
+]
 
 Q4K_GROUP = 8  # rows per group of the regrouped layout
 _Q4K_BYTES = 144  # a Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/minima, 128 nibbles
 _X8_BYTES = 1184  # a regrouped block of eight rows (sizeof(Q4KX8))
+_Q6K_BYTES = 210  # a Q6_K block: 128 low-nibble bytes, 64 of high bit pairs, 16 scales, fp16 d
+_Q6X8_BYTES = 1680  # a regrouped Q6_K block of eight rows (sizeof(Q6KX8)): 8 x 210
 _GROUPS_PER_CHUNK = 2048  # bounds the temporaries (an LM head has ~19k groups)
 
 
@@ -124,3 +137,38 @@ def regroup_q4_k(data: np.ndarray) -> np.ndarray:
         qs = b[..., 16:144].reshape(g1 - g0, nb, Q4K_GROUP, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
         dst[..., 160:] = qs.reshape(g1 - g0, nb, 1024)
     return out.reshape(groups, nb * _X8_BYTES)
+
+
+def regroup_q6_k(data: np.ndarray) -> np.ndarray:
+    """Q6_K rows `[n, nb * 210]` (n a multiple of 8) as `[n / 8, nb * 1680]` bytes, `Q6KX8`'s
+    layout: per group of eight rows and per super-block, the rows' d, their 16 int8 scales as
+    pairs (`scales[pair][row][2]`), then per half (128 elements) and four-element group g three
+    32-byte runs of four bytes per row: low-nibble bytes 4g.. (elements l and l + 64), bytes
+    32 + 4g.. (l + 32, l + 96), and the high-bit bytes 4g.. (two bits of each of the four)."""
+    n, row_bytes = data.shape
+    nb = row_bytes // _Q6K_BYTES
+    groups = n // Q4K_GROUP
+    out = np.empty((groups, nb, _Q6X8_BYTES), np.uint8)
+    for g0 in range(0, groups, _GROUPS_PER_CHUNK):
+        g1 = min(groups, g0 + _GROUPS_PER_CHUNK)
+        rows = data[g0 * Q4K_GROUP : g1 * Q4K_GROUP].reshape(g1 - g0, Q4K_GROUP, nb, _Q6K_BYTES)
+        b = rows.transpose(0, 2, 1, 3)  # [group, block, row, byte]
+        dst = out[g0:g1]
+        dst[..., 0:16] = b[..., 208:210].reshape(g1 - g0, nb, 16)
+        scales = b[..., 192:208].reshape(g1 - g0, nb, Q4K_GROUP, 8, 2).transpose(0, 1, 3, 2, 4)
+        dst[..., 16:144] = scales.reshape(g1 - g0, nb, 128)
+        low = b[..., 0:128].reshape(g1 - g0, nb, Q4K_GROUP, 2, 2, 8, 4)  # row, half, run, g, byte
+        high = b[..., 128:192].reshape(g1 - g0, nb, Q4K_GROUP, 2, 1, 8, 4)
+        runs = np.concatenate([low, high], axis=4)  # [group, block, row, half, run, g, byte]
+        dst[..., 144:] = runs.transpose(0, 1, 3, 5, 4, 2, 6).reshape(g1 - g0, nb, 1536)
+    return out.reshape(groups, nb * _Q6X8_BYTES)
+
+
+def regroup_rows(data: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray | None:
+    """The eight-row layout of Q4_K or Q6_K rows (`regroup_q4_k`, `regroup_q6_k`); None for the
+    types the kernels read as the GGUF's rows."""
+    if ggml_type == GGMLQuantizationType.Q4_K:
+        return regroup_q4_k(data)
+    if ggml_type == GGMLQuantizationType.Q6_K:
+        return regroup_q6_k(data)
+    return None

@@ -16,18 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
 from onnx import TensorProto, helper
 
 from .errors import UnsupportedModelError
 from .gguf_initializers import GGUF_REF
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_native import (
-    Q4K_GROUP,
     RawRows,
     native_rows,
     pair_halves,
-    regroup_q4_k,
+    regroup_rows,
     stack_native,
 )
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
@@ -136,7 +134,7 @@ class Linear:
     ggml_type: int = 0  # nonzero: `b` holds GGUF blocks of this type for npuchat.QMatMul
     scale: float = 1.0  # ... whose first `scaled_rows` outputs are multiplied by `scale`
     scaled_rows: int = 0
-    layout: int = 0  # 1: Q4_K rows regrouped in eights (`graph_native.regroup_q4_k`)
+    layout: int = 0  # 1: Q4_K / Q6_K rows regrouped in eights (`graph_native.regroup_rows`)
     paired: bool = False  # gate|up rows alternating in eights (`graph_native.pair_halves`)
 
 
@@ -167,13 +165,14 @@ def _store_linear(
     name: str,
     mats: Sequence[Matrix],
     bias: np.ndarray | None = None,
-    regroup: bool = False,
+    want_groups: bool = False,
     glu: bool = False,
 ) -> list[Linear]:
-    """Write matrices as fused groups of one kind each (output order is preserved); `regroup`:
-    Q4_K groups whose rows come in sixteens (so that gate and up halves do in eights too) are
-    written regrouped for the eight-row kernels; `glu`: the matrices are gate and up of an MLP
-    whose op computes silu(gate) * up (`graph_ops.glu_fuses`), and a single group of them is
+    """Write matrices as fused groups of one kind each (output order is preserved);
+    `want_groups`: Q4_K and Q6_K groups whose rows come in sixteens (so that gate and up halves
+    do in eights too) are written regrouped for the eight-row kernels; `glu`: the matrices are
+    gate and up of an MLP whose op computes silu(gate) * up (`graph_ops.glu_fuses`), and a
+    single group of them is
     written with gate and up rows alternating in eights (`graph_native.pair_halves`)."""
     groups: list[list[Matrix]] = []
     for m in mats:
@@ -188,11 +187,11 @@ def _store_linear(
         if isinstance(group[0], RawRows):
             parts = [g for g in group if isinstance(g, RawRows)]
             raw, scaled_rows = stack_native(parts, w.joined(parts))
-            q4k = raw.ggml_type == GGMLQuantizationType.Q4_K
             paired = glu and len(groups) == 1 and scaled_rows == 0 and raw.n % 16 == 0
-            layout = int(regroup and q4k and raw.n % (2 * Q4K_GROUP) == 0)
             data = pair_halves(raw.data) if paired else raw.data
-            data = regroup_q4_k(data) if layout else data
+            grouped = regroup_rows(data, raw.ggml_type) if want_groups and raw.n % 16 == 0 else None
+            layout = int(grouped is not None)
+            data = data if grouped is None else grouped
             lin = Linear(raw.n, raw.k, 0, w.add(base + ".blocks", data), layout=layout)
             lin.paired = paired
             lin.ggml_type, lin.scale, lin.scaled_rows = int(raw.ggml_type), raw.scale, scaled_rows
@@ -288,8 +287,8 @@ def write_weights(
     """Convert every matrix of the GGUF into `out_dir/weights.bin` (MatMulNBits layout), or with
     `native` keep the GGUF's own blocks wherever the native kernels cover the type: those rows
     stay in the GGUF where they can (a row permutation or a fusion of tensors that are not
-    adjacent in the file is written as a copy); with `regroup` too, Q4_K matrices are written
-    regrouped for the eight-row kernels (`_store_linear`)."""
+    adjacent in the file is written as a copy); with `regroup` too, Q4_K and Q6_K matrices are
+    written regrouped for the eight-row kernels (`_store_linear`)."""
     cfg = g.config
 
     def fetch(name: str) -> Matrix:

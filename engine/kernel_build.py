@@ -57,7 +57,14 @@ SOURCES = (
     "rope_attention_op.cc",
     "kernels_entry.cc",
 )
-HEADERS = ("qblocks.h", "qdot_x86.h", "q4k_x8_x86.h", "qmatmul_act.h", "attention.h")
+HEADERS = (
+    "qblocks.h",
+    "qdot_x86.h",
+    "q4k_x8_x86.h",
+    "q6k_x8_x86.h",
+    "qmatmul_act.h",
+    "attention.h",
+)
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"
 _TIMEOUT_S = 600

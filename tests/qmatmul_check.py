@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from synthetic import ggml_type, quantize_tensor
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
-from npuchat.engine.graph_native import pair_halves, regroup_q4_k
+from npuchat.engine.graph_native import pair_halves, regroup_rows
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
 N, K = 80, 512  # N is not a multiple of the op's task size
@@ -119,11 +119,13 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
 
 def layout_mismatches() -> list[str]:
     """Rows as the graph builder may write them must give the numbers of the GGUF's rows at
-    every row count: Q4_K regrouped eight at a time (`regroup_q4_k`, the op's layout 1), and a
+    every row count: Q4_K and Q6_K regrouped eight at a time (`regroup_rows`, layout 1), and a
     SwiGLU's gate|up rows paired in eights (`pair_halves`, `paired`), for every type. The cases
     that differ."""
     mismatches = []
-    cases = [("q4_k", 512, 0), ("q4_k", 1024, 0)] + [(t, 512, 1) for t in TYPES]
+    cases = [(t, k, 0) for t in ("q4_k", "q6_k") for k in (512, 1024)] + [
+        (t, 512, 1) for t in TYPES
+    ]
     for name, k, glu in cases:
         qtype = ggml_type(name)
         raw = blocks(weights(96, k, seed=11), qtype)
@@ -132,10 +134,11 @@ def layout_mismatches() -> list[str]:
         variants = {}
         if glu:
             variants["paired"] = session(pair_halves(raw), qtype, k, glu=1, paired=1)
-        if name == "q4_k":
-            variants["regrouped"] = session(regroup_q4_k(raw), qtype, k, glu=glu, layout=1)
+        if name in ("q4_k", "q6_k"):
+            grouped = regroup_rows(raw, qtype)
+            variants["regrouped"] = session(grouped, qtype, k, glu=glu, layout=1)
             if glu:
-                both = regroup_q4_k(pair_halves(raw))
+                both = regroup_rows(pair_halves(raw), qtype)
                 variants["regrouped, paired"] = session(both, qtype, k, glu=1, layout=1, paired=1)
         for rows in (1, 2, 3, 4, 5, 9, 11):
             a = plain.run(None, {"x": x[:rows]})[0]

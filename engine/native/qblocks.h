@@ -133,7 +133,22 @@ struct Q4KX8 {
 };
 static_assert(sizeof(Q4KX8) == 1184, "Q4KX8 must stay packed");
 
-// Eight regrouped rows (nb Q4KX8 blocks) . `rows` activation rows (1..MAX_ROWS):
+// A Q6_K row's result, on every table and in both layouts: per super-block the exact integer
+// S = sum over sub-blocks of scale * ((6-bit values - 32) . activations), then
+// acc = fma(float(S), d * d_x, acc) block by block.
+//
+// Q6_K rows regrouped eight at a time (graph_native.regroup_q6_k): per super-block the rows' d,
+// their scales as int16-ready pairs, and per half and four-element group three 32-byte runs
+// (low nibble bytes of elements l and l + 64, of l + 32 and l + 96, and the high bit pairs of
+// all four), four bytes per row each: the GGUF's 210 bytes a row, rearranged.
+struct Q6KX8 {
+  uint16_t d[8];
+  int8_t scales[8][16];     // [sub-block pair][row][2]
+  uint8_t q[2][8][3][32];   // [half][four-element group][low run a, low run b, high bits][row][4]
+};
+static_assert(sizeof(Q6KX8) == 1680, "Q6KX8 must stay packed");
+
+// Eight regrouped rows (nb Q4KX8 or Q6KX8 blocks) . `rows` activation rows (1..MAX_ROWS):
 // out[8 * r + i] = row i . x[r], by the steps above.
 using DotX8 = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
 
@@ -161,7 +176,7 @@ struct Kernels {
   QuantizeBlocks quantize_blocks;
   QuantizeSupers quantize_supers;
   DotCols q4_0_cols, q4_1_cols, q5_0_cols, q8_0_cols, q4_k_cols, q6_k_cols;
-  DotX8 q4_k_x8;
+  DotX8 q4_k_x8, q6_k_x8;
 };
 
 const Kernels& scalar_kernels();

@@ -24,6 +24,7 @@
 #define NPQ_AVX2 __attribute__((target(NPQ_TARGET)))
 #include "qdot_x86.h"
 #include "q4k_x8_x86.h"
+#include "q6k_x8_x86.h"
 
 namespace npq {
 
@@ -127,12 +128,14 @@ NPQ_AVX2 inline __m256i two_scales(__m256i both) {
       hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1, hi0, hi1));
 }
 
+// Q6_K one row at a time (tail rows and matrices not regrouped; q6k_x8_x86.h has the eight-row
+// layout): the block's integers in 8 int32 lanes, then the float step of qblocks.h.
 template <int R>
 NPQ_AVX2 void q6_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
   const __m256i m15 = _mm256_set1_epi8(15);
   const __m256i m3 = _mm256_set1_epi8(3);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  float acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   for (int b = 0; b < nb; ++b, w += 210) {
     const int8_t* scales = reinterpret_cast<const int8_t*>(w + 192);
     const __m256i scales16 =
@@ -172,11 +175,11 @@ NPQ_AVX2 void q6_k_rows(const uint8_t* w, const uint8_t* const* x, int nb, float
     }
     const float d = half(w + 208);
     for (int r = 0; r < R; ++r) {
-      const float dd = act<ActSuper>(x, r)[b].d * d;
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+      const float dx = act<ActSuper>(x, r)[b].d;
+      acc[r] = fma_ss(static_cast<float>(hsum_i32(sumi[r])), d * dx, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
 // rows (1..MAX_ROWS) -> the instance of `Kern` for that many rows.
@@ -343,7 +346,8 @@ const Kernels* NPQ_ENTRY() {
   static const Kernels k{NPQ_ISA,          by_rows<Q4_0K>, by_rows<Q4_1K>,  by_rows<Q5_0K>,
                          by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
                          quantize_supers, q4_0_cols,      q4_1_cols,       q5_0_cols,
-                         q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>, q4_k_x8};
+                         q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>, q4_k_x8,
+                         q6_k_x8};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                   __builtin_cpu_supports("f16c") && NPQ_CPU_HAS;

@@ -156,9 +156,41 @@ float dot_q6_k(const uint8_t* w, const ActSuper* x, int nb) {
       }
       for (int g = 0; g < 8; ++g) sumi += sc[g] * part[g];
     }
-    acc += load_half(w + 208) * x[b].d * static_cast<float>(sumi);
+    acc = std::fma(static_cast<float>(sumi), load_half(w + 208) * x[b].d, acc);
   }
   return acc;
+}
+
+// Row i of eight regrouped rows (Q6KX8) . one activation row: dot_q6_k's integers and steps.
+float dot_q6_k_x8(const Q6KX8* w, int i, const ActSuper* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const Q6KX8& q = w[b];
+    int sumi = 0;
+    for (int s = 0; s < 16; ++s) {
+      const int half = s / 8, quarter = (s % 8) / 2;
+      int dot = 0;
+      for (int e = 0; e < 16; ++e) {
+        const int l = 16 * (s % 2) + e, g = l / 4, t = l % 4;
+        const uint8_t lo = q.q[half][g][quarter % 2][4 * i + t];
+        const uint8_t hi = q.q[half][g][2][4 * i + t];
+        const int v = (quarter < 2 ? (lo & 0xF) : (lo >> 4)) | (((hi >> (2 * quarter)) & 3) << 4);
+        dot += (v - 32) * x[b].qs[16 * s + e];
+      }
+      sumi += q.scales[s / 2][2 * i + s % 2] * dot;
+    }
+    acc = std::fma(static_cast<float>(sumi), half_to_float(q.d[i]) * x[b].d, acc);
+  }
+  return acc;
+}
+
+void q6_k_x8(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
+  const Q6KX8* q = reinterpret_cast<const Q6KX8*>(w);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < 8; ++i) {
+      out[8 * r + i] = dot_q6_k_x8(q, i, reinterpret_cast<const ActSuper*>(x[r]), nb);
+    }
+  }
 }
 
 template <typename Act, float (*Dot)(const uint8_t*, const Act*, int)>
@@ -203,7 +235,8 @@ const Kernels& scalar_kernels() {
                          cols_of<ActBlock, dot_q8_0>,
                          cols_of<ActSuper, dot_q4_k>,
                          cols_of<ActSuper, dot_q6_k>,
-                         q4_k_x8};
+                         q4_k_x8,
+                         q6_k_x8};
   return k;
 }
 

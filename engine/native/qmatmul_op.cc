@@ -10,7 +10,8 @@
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
 //            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
 //            epsilon (optional, with norm): RMSNorm's epsilon; layout (optional, 0): 1 = W holds
-//            Q4_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 blocks, qblocks.h);
+//            Q4_K or Q6_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 or
+//            Q6KX8 blocks, qblocks.h);
 //            paired (optional, 0): 1 = with glu, gate rows 8i..8i+7 are followed by up rows
 //            8i..8i+7 (an output's two rows come from one stream)
 //   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
@@ -60,7 +61,7 @@ struct Job {
   int64_t scaled_rows;
   const float* bias;  // nullptr: none
   bool glu;
-  const uint8_t* x8;  // or the Q4_K rows regrouped eight at a time (layout 1; w is then nullptr)
+  const uint8_t* x8;  // or the rows regrouped eight at a time (layout 1; w is then nullptr)
   bool paired;        // gate and up rows alternate in eights (glu)
 };
 
@@ -109,7 +110,11 @@ void products(const Job& j, int64_t n0, int len, const uint8_t* const* rows, int
     float part[npq::MAX_ROWS * 8];
     for (int c = 0; c < len; c += 8) {
       const size_t group = static_cast<size_t>((first + c) / 8);
-      j.kern->q4_k_x8(j.x8 + group * nb * sizeof(npq::Q4KX8), rows, count, nb, part);
+      if (j.type == npq::Q4_K) {
+        j.kern->q4_k_x8(j.x8 + group * nb * sizeof(npq::Q4KX8), rows, count, nb, part);
+      } else {
+        j.kern->q6_k_x8(j.x8 + group * nb * sizeof(npq::Q6KX8), rows, count, nb, part);
+      }
       for (int i = 0; i < count; ++i) {
         for (int e = 0; e < 8; ++e) out[i * BLOCK_N + c + e] = part[8 * i + e];
       }
@@ -206,10 +211,11 @@ struct QMatMulKernel {
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
     x8 = layout == 1;
     paired = optional_int(info, "paired") == 1;
-    if (layout != 0 && !(x8 && type == npq::Q4_K && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
+    const bool k_type = type == npq::Q4_K || type == npq::Q6_K;
+    if (layout != 0 && !(x8 && k_type && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
       return error(ORT_INVALID_ARGUMENT,
-                   "layout 1 (rows regrouped in eights) needs Q4_K and N (N / 2 with glu) a "
-                   "multiple of 8; layout 0 is the GGUF's rows");
+                   "layout 1 (rows regrouped in eights) needs Q4_K or Q6_K and N (N / 2 with "
+                   "glu) a multiple of 8; layout 0 is the GGUF's rows");
     }
     if (paired && !(glu && (n / 2) % 8 == 0)) {
       return error(ORT_INVALID_ARGUMENT, "paired gate/up rows need glu and N / 2 a multiple of 8");
@@ -226,10 +232,11 @@ struct QMatMulKernel {
     return 0;
   }
 
-  // W's bytes: N rows of blocks, or N / 8 groups of Q4KX8 blocks (layout 1).
+  // W's bytes: N rows of blocks, or N / 8 groups of Q4KX8 / Q6KX8 blocks (layout 1).
   size_t weight_bytes() const {
     if (!x8) return static_cast<size_t>(n) * row_bytes;
-    return static_cast<size_t>(n / 8) * (row_bytes / 144) * sizeof(npq::Q4KX8);
+    const size_t group = type == npq::Q4_K ? sizeof(npq::Q4KX8) : sizeof(npq::Q6KX8);
+    return static_cast<size_t>(n / 8) * static_cast<size_t>(k / npq::QK_K) * group;
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -251,7 +258,7 @@ struct QMatMulKernel {
       return error(ORT_INVALID_ARGUMENT, "x's last dimension must be K = " + std::to_string(k));
     }
     if (w.GetTensorTypeAndShapeInfo().GetElementCount() != weight_bytes()) {
-      return error(ORT_INVALID_ARGUMENT, x8 ? "W must hold N / 8 groups of eight regrouped Q4_K rows"
+      return error(ORT_INVALID_ARGUMENT, x8 ? "W must hold N / 8 groups of eight regrouped rows"
                                             : "W must hold N rows of K/block blocks");
     }
     const size_t inputs = ctx.GetInputCount();
