@@ -41,7 +41,6 @@ _Q4K_BYTES = 144  # a Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mi
 _X8_BYTES = 1184  # a regrouped block of eight rows (sizeof(Q4KX8))
 _Q6K_BYTES = 210  # a Q6_K block: 128 low-nibble bytes, 64 of high bit pairs, 16 scales, fp16 d
 _Q6X8_BYTES = 1680  # a regrouped Q6_K block of eight rows (sizeof(Q6KX8)): 8 x 210
-_GROUPS_PER_CHUNK = 2048  # bounds the temporaries (an LM head has ~19k groups)
 
 
 @dataclass(frozen=True)
@@ -108,6 +107,16 @@ def pair_halves(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(halves.transpose(1, 0, 2, 3)).reshape(n, row_bytes)
 
 
+def _runs(data: np.ndarray, nb: int, block: int, first: int, last: int) -> np.ndarray:
+    """Bytes [first, last) of every block of each group's eight rows as 4-byte words,
+    `[groups, row, block, words]`: the regrouped layouts move whole runs of four bytes, and
+    moving them as words is ~4x faster than as bytes (the first start of a 1.5B model regroups
+    ~930 MB)."""
+    groups = data.shape[0] // Q4K_GROUP
+    blocks = data.reshape(groups, Q4K_GROUP, nb, block)[..., first:last]
+    return np.ascontiguousarray(blocks).view(np.uint32)
+
+
 def regroup_q4_k(data: np.ndarray) -> np.ndarray:
     """Q4_K rows `[n, nb * 144]` (n a multiple of 8) as `[n / 8, nb * 1184]` bytes: per group of
     eight rows and per super-block, the rows' d, then dmin, the 6-bit scales and minima unpacked to
@@ -116,26 +125,19 @@ def regroup_q4_k(data: np.ndarray) -> np.ndarray:
     n, row_bytes = data.shape
     nb = row_bytes // _Q4K_BYTES
     groups = n // Q4K_GROUP
+    b = data.reshape(groups, Q4K_GROUP, nb, _Q4K_BYTES).transpose(0, 2, 1, 3)  # [g, blk, row, byte]
     out = np.empty((groups, nb, _X8_BYTES), np.uint8)
-    for g0 in range(0, groups, _GROUPS_PER_CHUNK):
-        g1 = min(groups, g0 + _GROUPS_PER_CHUNK)
-        rows = data[g0 * Q4K_GROUP : g1 * Q4K_GROUP].reshape(g1 - g0, Q4K_GROUP, nb, _Q4K_BYTES)
-        b = rows.transpose(0, 2, 1, 3)  # [group, block, row, byte]
-        dst = out[g0:g1]
-        dst[..., 0:16] = b[..., 0:2].reshape(g1 - g0, nb, 16)
-        dst[..., 16:32] = b[..., 2:4].reshape(g1 - g0, nb, 16)
-        u = b[..., 4:16]  # q4k_scale_min's bytes: scales 0-3, minima 0-3, then the high pairs
-        scales = np.concatenate(
-            [u[..., 0:4] & 63, (u[..., 8:12] & 15) | ((u[..., 0:4] >> 6) << 4)], -1
-        )
-        mins = np.concatenate(
-            [u[..., 4:8] & 63, (u[..., 8:12] >> 4) | ((u[..., 4:8] >> 6) << 4)], -1
-        )
-        dst[..., 32:96] = scales.transpose(0, 1, 3, 2).reshape(g1 - g0, nb, 64)
-        pairs = mins.reshape(g1 - g0, nb, Q4K_GROUP, 4, 2).transpose(0, 1, 3, 2, 4)
-        dst[..., 96:160] = pairs.reshape(g1 - g0, nb, 64)
-        qs = b[..., 16:144].reshape(g1 - g0, nb, Q4K_GROUP, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
-        dst[..., 160:] = qs.reshape(g1 - g0, nb, 1024)
+    out[..., 0:16] = b[..., 0:2].reshape(groups, nb, 16)
+    out[..., 16:32] = b[..., 2:4].reshape(groups, nb, 16)
+    u = b[..., 4:16]  # q4k_scale_min's bytes: scales 0-3, minima 0-3, then the high pairs
+    scales = np.concatenate([u[..., 0:4] & 63, (u[..., 8:12] & 15) | ((u[..., 0:4] >> 6) << 4)], -1)
+    mins = np.concatenate([u[..., 4:8] & 63, (u[..., 8:12] >> 4) | ((u[..., 4:8] >> 6) << 4)], -1)
+    out[..., 32:96] = scales.transpose(0, 1, 3, 2).reshape(groups, nb, 64)
+    pairs = mins.reshape(groups, nb, Q4K_GROUP, 4, 2).transpose(0, 1, 3, 2, 4)
+    out[..., 96:160] = pairs.reshape(groups, nb, 64)
+    qs = _runs(data, nb, _Q4K_BYTES, 16, 144).reshape(groups, Q4K_GROUP, nb, 4, 8)
+    words = out[..., 160:].view(np.uint32)  # [group, block, 256]: chunk, group of four, row
+    words[...] = qs.transpose(0, 2, 3, 4, 1).reshape(groups, nb, 256)
     return out.reshape(groups, nb * _X8_BYTES)
 
 
@@ -148,19 +150,17 @@ def regroup_q6_k(data: np.ndarray) -> np.ndarray:
     n, row_bytes = data.shape
     nb = row_bytes // _Q6K_BYTES
     groups = n // Q4K_GROUP
+    b = data.reshape(groups, Q4K_GROUP, nb, _Q6K_BYTES).transpose(0, 2, 1, 3)  # [g, blk, row, byte]
     out = np.empty((groups, nb, _Q6X8_BYTES), np.uint8)
-    for g0 in range(0, groups, _GROUPS_PER_CHUNK):
-        g1 = min(groups, g0 + _GROUPS_PER_CHUNK)
-        rows = data[g0 * Q4K_GROUP : g1 * Q4K_GROUP].reshape(g1 - g0, Q4K_GROUP, nb, _Q6K_BYTES)
-        b = rows.transpose(0, 2, 1, 3)  # [group, block, row, byte]
-        dst = out[g0:g1]
-        dst[..., 0:16] = b[..., 208:210].reshape(g1 - g0, nb, 16)
-        scales = b[..., 192:208].reshape(g1 - g0, nb, Q4K_GROUP, 8, 2).transpose(0, 1, 3, 2, 4)
-        dst[..., 16:144] = scales.reshape(g1 - g0, nb, 128)
-        low = b[..., 0:128].reshape(g1 - g0, nb, Q4K_GROUP, 2, 2, 8, 4)  # row, half, run, g, byte
-        high = b[..., 128:192].reshape(g1 - g0, nb, Q4K_GROUP, 2, 1, 8, 4)
-        runs = np.concatenate([low, high], axis=4)  # [group, block, row, half, run, g, byte]
-        dst[..., 144:] = runs.transpose(0, 1, 3, 5, 4, 2, 6).reshape(g1 - g0, nb, 1536)
+    out[..., 0:16] = b[..., 208:210].reshape(groups, nb, 16)
+    scales = b[..., 192:208].reshape(groups, nb, Q4K_GROUP, 8, 2).transpose(0, 1, 3, 2, 4)
+    out[..., 16:144] = scales.reshape(groups, nb, 128)
+    body = _runs(data, nb, _Q6K_BYTES, 0, 192)  # 32 words of low nibbles, 16 of high bits
+    low = body[..., :32].reshape(groups, Q4K_GROUP, nb, 2, 2, 8)  # row, block, half, run, g
+    high = body[..., 32:].reshape(groups, Q4K_GROUP, nb, 2, 1, 8)
+    words = out[..., 144:].view(np.uint32).reshape(groups, nb, 2, 8, 3, Q4K_GROUP)
+    words[..., 0:2, :] = low.transpose(0, 2, 3, 5, 4, 1)  # [group, block, half, g, run, row]
+    words[..., 2:3, :] = high.transpose(0, 2, 3, 5, 4, 1)
     return out.reshape(groups, nb * _Q6X8_BYTES)
 
 

@@ -33,14 +33,17 @@ def live_nodes() -> int:
 
 
 async def settled_nodes(pilot: Pilot[None]) -> int:
-    """`live_nodes()` once the app has settled: the same count twice, a short pause apart (the
-    last messages of a reply or of a background title still being handled mount and drop
-    widgets for a moment; a node that stays alive stays in every count)."""
-    last = -1
-    for _ in range(40):
-        await pilot.pause(0.05)
+    """`live_nodes()` once the app has settled: its workers done (a background title may still
+    be streaming after its chat's reply) and then the same count three times, a pause apart (the
+    last messages of a reply mount and drop widgets for a moment; a node that stays alive stays
+    in every count). Under a loaded suite the old two-count rule once counted 15 such nodes."""
+    await pilot.app.workers.wait_for_complete()
+    last, same = -1, 0
+    for _ in range(60):
+        await pilot.pause(0.1)
         now = live_nodes()
-        if now == last:
+        same = same + 1 if now == last else 0
+        if same == 2:
             break
         last = now
     return now
