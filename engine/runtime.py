@@ -118,10 +118,10 @@ class GraphCache:
         tmp.mkdir(parents=True)
         try:
             build(tmp)
+            digests = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
             files = {
-                p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
-                for p in sorted(tmp.iterdir())
-                if p.is_file()
+                name: {"size": (tmp / name).stat().st_size, "sha256": digest}
+                for name, digest in digests.items()
             }
             stamp = {"builder": BUILDER_VERSION, "onnxruntime": ort.__version__}
             full_meta: dict[str, Any] = {**(meta or {}), **stamp}
@@ -130,8 +130,8 @@ class GraphCache:
             if folder.exists():
                 shutil.rmtree(folder)
             tmp.rename(folder)
-            for name, rec in files.items():  # hashed just now: the next verify is a stat
-                hashing.remember_sha256(folder / name, self.root.parent, rec["sha256"])
+            for name, digest in digests.items():  # hashed just now: the next verify is a stat
+                hashing.remember_sha256(folder / name, self.root.parent, digest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
