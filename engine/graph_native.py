@@ -6,16 +6,18 @@ to prepack at load. Row operations the graph needs stay exact on blocks: a row p
 (llama's rotary layout) or a split (fused Q|K|V) moves whole rows; attention's 1/sqrt(dh) on Q
 becomes the op's `scale` over the first `scaled_rows` outputs instead of new block scales.
 
-Q4_K and Q6_K matrices are the exception (`regroup_rows`): their rows are regrouped eight at a
-time into the layouts of the kernels' eight-row dot products (`Q4KX8`, `Q6KX8` in
-`native/qblocks.h`), which read each weight byte once for eight rows' sums: ~1.7-2x the prefill
-and less CPU per decode step than the GGUF's rows, for a copy in the graph cache (Q4_K 2.8%
-larger than its blocks, Q6_K the same size). A SwiGLU's gate|up rows of any type are paired in
-eights (`pair_halves`) so that the fused op reads an output's two rows from one stream.
+Q4_K, Q6_K, Q8_0 and Q5_0 matrices are the exception (`regroup_rows`): their rows are regrouped
+eight at a time into the layouts of the kernels' eight-row dot products (`Q4KX8`, `Q6KX8`,
+`Q8X8`, `Q5X8` in `native/qblocks.h`), which read each weight byte once for eight rows' sums:
+~1.7-2x the prefill and less CPU per decode step than the GGUF's rows, for a copy in the graph
+cache (Q4_K 2.8% larger than its blocks, the others the same size). A SwiGLU's gate|up rows of
+any type are paired in eights (`pair_halves`) so that the fused op reads an output's two rows
+from one stream.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -31,7 +33,9 @@ __all__ = [
     "native_rows",
     "pair_halves",
     "regroup_q4_k",
+    "regroup_q5_0",
     "regroup_q6_k",
+    "regroup_q8_0",
     "regroup_rows",
     "stack_native",
 ]
@@ -41,6 +45,9 @@ _Q4K_BYTES = 144  # a Q4_K block: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mi
 _X8_BYTES = 1184  # a regrouped block of eight rows (sizeof(Q4KX8))
 _Q6K_BYTES = 210  # a Q6_K block: 128 low-nibble bytes, 64 of high bit pairs, 16 scales, fp16 d
 _Q6X8_BYTES = 1680  # a regrouped Q6_K block of eight rows (sizeof(Q6KX8)): 8 x 210
+_Q8_0_BYTES = 34  # fp16 d, 32 int8
+_Q5_0_BYTES = 22  # fp16 d, 4 bytes of fifth bits, 16 nibble bytes
+_CHUNK_GROUPS = 4096  # groups regrouped at a time where numpy needs temporaries per element
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,13 @@ def _runs(data: np.ndarray, nb: int, block: int, first: int, last: int) -> np.nd
     return np.ascontiguousarray(blocks).view(np.uint32)
 
 
+def _by_row(dst: np.ndarray, src: np.ndarray) -> None:
+    """`dst[..., r] = src[:, r]` for a group's eight rows: eight strided copies with long inner
+    loops (one transpose that puts the rows innermost ran ~4x slower)."""
+    for r in range(Q4K_GROUP):
+        dst[..., r] = src[:, r]
+
+
 def regroup_q4_k(data: np.ndarray) -> np.ndarray:
     """Q4_K rows `[n, nb * 144]` (n a multiple of 8) as `[n / 8, nb * 1184]` bytes: per group of
     eight rows and per super-block, the rows' d, then dmin, the 6-bit scales and minima unpacked to
@@ -137,7 +151,7 @@ def regroup_q4_k(data: np.ndarray) -> np.ndarray:
     out[..., 96:160] = pairs.reshape(groups, nb, 64)
     qs = _runs(data, nb, _Q4K_BYTES, 16, 144).reshape(groups, Q4K_GROUP, nb, 4, 8)
     words = out[..., 160:].view(np.uint32)  # [group, block, 256]: chunk, group of four, row
-    words[...] = qs.transpose(0, 2, 3, 4, 1).reshape(groups, nb, 256)
+    _by_row(words.reshape(groups, nb, 4, 8, Q4K_GROUP), qs)
     return out.reshape(groups, nb * _X8_BYTES)
 
 
@@ -159,16 +173,74 @@ def regroup_q6_k(data: np.ndarray) -> np.ndarray:
     low = body[..., :32].reshape(groups, Q4K_GROUP, nb, 2, 2, 8)  # row, block, half, run, g
     high = body[..., 32:].reshape(groups, Q4K_GROUP, nb, 2, 1, 8)
     words = out[..., 144:].view(np.uint32).reshape(groups, nb, 2, 8, 3, Q4K_GROUP)
-    words[..., 0:2, :] = low.transpose(0, 2, 3, 5, 4, 1)  # [group, block, half, g, run, row]
-    words[..., 2:3, :] = high.transpose(0, 2, 3, 5, 4, 1)
+    _by_row(words[..., 0:2, :], low.transpose(0, 1, 2, 3, 5, 4))  # [.., half, g, run, row]
+    _by_row(words[..., 2:3, :], high.transpose(0, 1, 2, 3, 5, 4))
     return out.reshape(groups, nb * _Q6X8_BYTES)
 
 
+def _rows_d(data: np.ndarray, nb: int, block: int) -> np.ndarray:
+    """Each group's eight rows' fp16 d per block as `[group, block, 16 bytes]`."""
+    groups = data.shape[0] // Q4K_GROUP
+    b = data.reshape(groups, Q4K_GROUP, nb, block)[..., 0:2]
+    return b.transpose(0, 2, 1, 3).reshape(groups, nb, 16)
+
+
+def regroup_q8_0(data: np.ndarray) -> np.ndarray:
+    """Q8_0 rows `[n, nb * 34]` (n a multiple of 8) as `[n / 8, nb * 272]` bytes, `Q8X8`'s
+    layout: per group of eight rows and per block, the rows' d, then per four-element group a
+    run of four int8 weights per row (`qs[group of four][row][4]`)."""
+    n, row_bytes = data.shape
+    nb = row_bytes // _Q8_0_BYTES
+    groups = n // Q4K_GROUP
+    out = np.empty((groups, nb, 8 * _Q8_0_BYTES), np.uint8)
+    out[..., 0:16] = _rows_d(data, nb, _Q8_0_BYTES)
+    qs = _runs(data, nb, _Q8_0_BYTES, 2, 34)  # [group, row, block, 8 words]
+    _by_row(out[..., 16:].view(np.uint32).reshape(groups, nb, 8, Q4K_GROUP), qs)
+    return out.reshape(groups, nb * 8 * _Q8_0_BYTES)
+
+
+@functools.cache
+def _fifth_bits_table() -> np.ndarray:
+    """For each 16 bits v of a Q5_0 row's fifth bits, the 4 bytes (little-endian in a uint32)
+    whose byte t holds bit 4g + t of v at bit 2g: `Q5X8.qh` for half h is the table of that
+    half's 16 bits shifted left by h."""
+    v = np.arange(1 << 16, dtype=np.uint32)
+    out = np.zeros(1 << 16, np.uint32)
+    for t in range(4):
+        for g in range(4):
+            out |= ((v >> (4 * g + t)) & 1) << (8 * t + 2 * g)
+    return out
+
+
+def regroup_q5_0(data: np.ndarray) -> np.ndarray:
+    """Q5_0 rows `[n, nb * 22]` (n a multiple of 8) as `[n / 8, nb * 176]` bytes, `Q5X8`'s
+    layout: per group of eight rows and per block, the rows' d, their fifth bits (bit 2g + h of
+    byte 4 * row + t: element 16h + 4g + t), then the nibble bytes in runs of four per row
+    (`qs[g][row][4]`: bytes 4g..4g+3, elements 4g + t low and 16 + 4g + t high)."""
+    n, row_bytes = data.shape
+    nb = row_bytes // _Q5_0_BYTES
+    out = np.empty((n // Q4K_GROUP, nb, 8 * _Q5_0_BYTES), np.uint8)
+    for g0 in range(0, n // Q4K_GROUP, _CHUNK_GROUPS):
+        part = data[g0 * Q4K_GROUP : (g0 + _CHUNK_GROUPS) * Q4K_GROUP]
+        groups = part.shape[0] // Q4K_GROUP
+        dst = out[g0 : g0 + groups]
+        dst[..., 0:16] = _rows_d(part, nb, _Q5_0_BYTES)
+        qh = _runs(part, nb, _Q5_0_BYTES, 2, 6)[..., 0]  # [group, row, block] bit e = element e
+        table = _fifth_bits_table()
+        bits = table[qh & 0xFFFF] | (table[qh >> 16] << 1)  # [group, row, block] as 4 bytes
+        _by_row(dst[..., 16:48].view(np.uint32), bits)
+        qs = _runs(part, nb, _Q5_0_BYTES, 6, 22)  # [group, row, block, 4 words]
+        _by_row(dst[..., 48:].view(np.uint32).reshape(groups, nb, 4, Q4K_GROUP), qs)
+    return out.reshape(n // Q4K_GROUP, nb * 8 * _Q5_0_BYTES)
+
+
 def regroup_rows(data: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray | None:
-    """The eight-row layout of Q4_K or Q6_K rows (`regroup_q4_k`, `regroup_q6_k`); None for the
-    types the kernels read as the GGUF's rows."""
-    if ggml_type == GGMLQuantizationType.Q4_K:
-        return regroup_q4_k(data)
-    if ggml_type == GGMLQuantizationType.Q6_K:
-        return regroup_q6_k(data)
-    return None
+    """The eight-row layout of Q4_K, Q6_K, Q8_0 or Q5_0 rows (`regroup_q4_k`, ...); None for
+    the types the kernels read as the GGUF's rows (Q4_0, Q4_1)."""
+    regroup = {
+        GGMLQuantizationType.Q4_K: regroup_q4_k,
+        GGMLQuantizationType.Q6_K: regroup_q6_k,
+        GGMLQuantizationType.Q8_0: regroup_q8_0,
+        GGMLQuantizationType.Q5_0: regroup_q5_0,
+    }.get(ggml_type)
+    return None if regroup is None else regroup(data)

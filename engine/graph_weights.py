@@ -134,7 +134,7 @@ class Linear:
     ggml_type: int = 0  # nonzero: `b` holds GGUF blocks of this type for npuchat.QMatMul
     scale: float = 1.0  # ... whose first `scaled_rows` outputs are multiplied by `scale`
     scaled_rows: int = 0
-    layout: int = 0  # 1: Q4_K / Q6_K rows regrouped in eights (`graph_native.regroup_rows`)
+    layout: int = 0  # 1: rows regrouped in eights (`graph_native.regroup_rows`)
     paired: bool = False  # gate|up rows alternating in eights (`graph_native.pair_halves`)
 
 
@@ -169,11 +169,11 @@ def _store_linear(
     glu: bool = False,
 ) -> list[Linear]:
     """Write matrices as fused groups of one kind each (output order is preserved);
-    `want_groups`: Q4_K and Q6_K groups whose rows come in sixteens (so that gate and up halves
-    do in eights too) are written regrouped for the eight-row kernels; `glu`: the matrices are
-    gate and up of an MLP whose op computes silu(gate) * up (`graph_ops.glu_fuses`), and a
-    single group of them is
-    written with gate and up rows alternating in eights (`graph_native.pair_halves`)."""
+    `want_groups`: Q4_K, Q6_K, Q8_0 and Q5_0 groups whose rows come in sixteens (so that gate
+    and up halves do in eights too) are written regrouped for the eight-row kernels; `glu`: the
+    matrices are gate and up of an MLP whose op computes silu(gate) * up
+    (`graph_ops.glu_fuses`), and a single group of them is written with gate and up rows
+    alternating in eights (`graph_native.pair_halves`)."""
     groups: list[list[Matrix]] = []
     for m in mats:
         if groups and groups[-1][0].kind == m.kind:

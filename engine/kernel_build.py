@@ -62,6 +62,7 @@ HEADERS = (
     "qdot_x86.h",
     "q4k_x8_x86.h",
     "q6k_x8_x86.h",
+    "blocks_x8_x86.h",
     "qmatmul_act.h",
     "attention.h",
 )

@@ -23,6 +23,7 @@ from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.graph_native import pair_halves, regroup_rows
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
+REGROUPED = ("q4_k", "q6_k", "q8_0", "q5_0")  # the types whose rows may come in eights
 N, K = 80, 512  # N is not a multiple of the op's task size
 
 
@@ -119,13 +120,11 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
 
 def layout_mismatches() -> list[str]:
     """Rows as the graph builder may write them must give the numbers of the GGUF's rows at
-    every row count: Q4_K and Q6_K regrouped eight at a time (`regroup_rows`, layout 1), and a
-    SwiGLU's gate|up rows paired in eights (`pair_halves`, `paired`), for every type. The cases
-    that differ."""
+    every row count: Q4_K, Q6_K, Q8_0 and Q5_0 regrouped eight at a time (`regroup_rows`,
+    layout 1), and a SwiGLU's gate|up rows paired in eights (`pair_halves`, `paired`), for every
+    type. The cases that differ."""
     mismatches = []
-    cases = [(t, k, 0) for t in ("q4_k", "q6_k") for k in (512, 1024)] + [
-        (t, 512, 1) for t in TYPES
-    ]
+    cases = [(t, k, 0) for t in REGROUPED for k in (512, 1024)] + [(t, 512, 1) for t in TYPES]
     for name, k, glu in cases:
         qtype = ggml_type(name)
         raw = blocks(weights(96, k, seed=11), qtype)
@@ -134,7 +133,7 @@ def layout_mismatches() -> list[str]:
         variants = {}
         if glu:
             variants["paired"] = session(pair_halves(raw), qtype, k, glu=1, paired=1)
-        if name in ("q4_k", "q6_k"):
+        if name in REGROUPED:
             grouped = regroup_rows(raw, qtype)
             variants["regrouped"] = session(grouped, qtype, k, glu=glu, layout=1)
             if glu:

@@ -221,11 +221,12 @@ def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
         session(raw[:-1].copy(), qtype, K, N=N - 1, glu=1)
     with pytest.raises(Exception, match="glu must be 0 or 1"):
         session(raw, qtype, K, glu=2)
-    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K or Q6_K"):
-        session(raw, qtype, K, layout=1)  # Q8_0 rows are never regrouped
+    q41 = ggml_type("q4_1")
+    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0 or Q5_0"):
+        session(blocks(weights(), q41), q41, K, layout=1)  # Q4_1 rows are never regrouped
     q4k = ggml_type("q4_k")
     grouped = regroup_q4_k(blocks(weights(), q4k))
-    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K or Q6_K and N"):
+    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0 or Q5_0 and N"):
         session(grouped, q4k, K, layout=1, N=N - 4)
     with pytest.raises(Exception, match="paired gate/up rows need glu"):
         session(raw, qtype, K, paired=1)

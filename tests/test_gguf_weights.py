@@ -1,5 +1,5 @@
 """With the native kernels the graphs read the GGUF's blocks where they lie in the model file:
-the graph cache holds no second copy of them (only Q4_K rows, regrouped for the kernels), and a
+the graph cache holds no second copy of them (only rows regrouped for the kernels), and a
 model file changed or cut short under cached graphs is never run with them (new graphs for new
 bytes, a one-line error for a short file)."""
 
@@ -30,13 +30,21 @@ def native(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUCHAT_KERNELS", "on")
 
 
-@pytest.fixture
-def gguf(synthetic_gguf, tmp_path: Path) -> Path:
-    """A private copy (the tests write into it) of a Q4_K_M-like qwen2 model."""
-    types = {"default": "q4_k", "attn_v": "q6_k", "ffn_down": "q6_k", "output": "q6_k"}
+K_QUANTS = {"default": "q4_k", "attn_v": "q6_k", "ffn_down": "q6_k", "output": "q6_k"}
+# qwen2.5-coder-0.5b's mix: widths that are no multiple of 256 take Q5_0 and Q8_0.
+SMALL_MIX = {"default": "q5_0", "attn_v": "q8_0", "ffn_down": "q4_k", "output": "q8_0"}
+
+
+def _copy(synthetic_gguf, tmp_path: Path, types: dict[str, str]) -> Path:
     path = tmp_path / "model.gguf"
     shutil.copyfile(synthetic_gguf("qwen2", types), path)
     return path
+
+
+@pytest.fixture
+def gguf(synthetic_gguf, tmp_path: Path) -> Path:
+    """A private copy (the tests write into it) of a Q4_K_M-like qwen2 model."""
+    return _copy(synthetic_gguf, tmp_path, K_QUANTS)
 
 
 def _logits(path: Path, cache: Path) -> np.ndarray:
@@ -49,9 +57,14 @@ def _tensor_bytes(path: Path) -> int:
         return sum(t.n_bytes for t in g.tensors.values())
 
 
-def test_the_graph_cache_copies_only_the_regrouped_k_quant_rows(gguf: Path, tmp_path: Path) -> None:
-    """Q4_K and Q6_K matrices are written regrouped eight rows at a time (Q4_K: 1184 bytes for
-    eight rows' 1152; Q6_K: the same 1680); the token embeddings stay in the GGUF."""
+@pytest.mark.parametrize("types", [K_QUANTS, SMALL_MIX], ids=["k-quants", "q5_0-q8_0"])
+def test_the_graph_cache_copies_only_the_regrouped_rows(
+    synthetic_gguf, tmp_path: Path, types: dict[str, str]
+) -> None:
+    """Q4_K, Q6_K, Q8_0 and Q5_0 matrices are written regrouped eight rows at a time (Q4_K:
+    1184 bytes for eight rows' 1152; the others the same size); the token embeddings stay in
+    the GGUF."""
+    gguf = _copy(synthetic_gguf, tmp_path, types)
     with Model.load(gguf, cache_dir=tmp_path / "c", prefill_chunk=8, capacities=[32]) as m:
         assert "MatMulNBits" not in m.kernels
         folder = m.graph_dir
@@ -59,11 +72,13 @@ def test_the_graph_cache_copies_only_the_regrouped_k_quant_rows(gguf: Path, tmp_
     with GGUFFile(gguf) as g:
         sizes = {name: (t.ggml_type, t.n_bytes) for name, t in g.tensors.items()}
     embd = sizes.pop("token_embd.weight")[1]
-    q4k = sum(n for t, n in sizes.values() if t == GGMLQuantizationType.Q4_K)
-    q6k = sum(n for t, n in sizes.values() if t == GGMLQuantizationType.Q6_K)
-    # At most every K-quant matrix regrouped (rows in sixteens) beside the graph, norms and
-    # biases; the embeddings are read from the GGUF.
-    assert q4k <= cached < q4k * 1184 // 1152 + q6k + embd / 2, (cached, q4k, q6k, embd)
+    q = GGMLQuantizationType
+    q4k = sum(n for t, n in sizes.values() if t == q.Q4_K)
+    same = sum(n for t, n in sizes.values() if t in (q.Q6_K, q.Q8_0, q.Q5_0))
+    big = max(q4k, max(n for t, n in sizes.values() if t in (q.Q4_K, q.Q8_0, q.Q5_0)))
+    # At most every such matrix regrouped (rows in sixteens) beside the graph, norms and biases,
+    # at least the largest one; the embeddings are read from the GGUF.
+    assert big <= cached < q4k * 1184 // 1152 + same + embd / 2, (cached, q4k, same, embd)
 
 
 def test_a_gguf_rewritten_in_place_gets_new_graphs_not_its_old_ones(

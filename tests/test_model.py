@@ -194,8 +194,11 @@ def test_engine_graphs_match_reference_after_rope_permutation(
 # 0.15" therefore cannot hold for smollm2 even for exact math; what is asserted is agreement on
 # ≥ 93% of those steps and the measured log-prob distances with some room. Qwen2.5-Coder-0.5B is
 # better conditioned: every step with a gap ≥ 0.15 must agree (exact math ranks one token 0.126
-# below llama.cpp's top-1 first, so 0.1 is too tight), log-probs within 0.4 (measured max 0.25,
-# mean 0.05; exact math: max 0.28, mean 0.04).
+# below llama.cpp's top-1 first, so 0.1 is too tight), log-probs within 0.5 (measured max 0.31,
+# mean 0.051 with per-lane float sums; 0.40 and 0.057 with exact integer sums per block, which
+# move each result by an ulp; exact math: max 0.28, mean 0.04). An ulp upstream flips the
+# rounding of some int8 activations, so each scheme draws its own sample of int8 noise: against
+# the numpy float forward both sit 0.22-0.32 (max) and RMS 0.06 away on the same tokens.
 # Decoding is teacher-forced on llama.cpp's tokens, so every non-tie step is compared, not only
 # those before the first tie.
 
@@ -203,7 +206,7 @@ TIE_GAP = 0.15
 # model: (share of non-tie steps whose argmax must match, max |Δ log-prob|, mean |Δ|)
 LLAMA_CPP_BOUNDS = {
     "smollm2-135m": (0.93, 1.5, 0.2),
-    "qwen2.5-coder-0.5b": (1.0, 0.4, 0.1),
+    "qwen2.5-coder-0.5b": (1.0, 0.5, 0.1),
     # Measured: 133 of 133 decided steps equal; top-5 error mean 0.14, p90 0.33, max 2.0 (on
     # low-probability tokens: int8 activations here, llama.cpp's Q8 activations and fp16 KV).
     "gemma3-270m": (0.98, 2.5, 0.2),

@@ -45,7 +45,7 @@ def _ops(model: Model) -> Counter[str]:
 
 
 def _regrouped(model: Model) -> int:
-    """QMatMul nodes that read Q4_K rows regrouped in eights (`layout` 1, or 2: gate/up paired)."""
+    """QMatMul nodes that read rows regrouped in eights (`layout` 1)."""
     graph = onnx.load(str(model.graph_dir / "decoder.onnx"), load_external_data=False)
     return sum(
         1
@@ -76,7 +76,8 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
         assert ops["RotaryEmbedding"] == ops["Attention"] == 0
         # Q4_K rows are regrouped eight at a time for the eight-row kernels (numbers checked
         # against the reference below); no other type is
-        assert (_regrouped(m) > 0) == (case == "qwen2-q4_k_m")
+        # Q4_K, Q6_K, Q8_0 and Q5_0 rows come in eights; Q4_1 and Q4_0 rows as in the GGUF
+        assert (_regrouped(m) > 0) == (case in ("qwen2-q4_k_m", "phi3-q5_0", "gemma3-q8_0"))
         if case == "phi3-q5_0":
             assert ops["MatMulNBits"] == 0 and ops["MatMul"] == m.config.n_layers  # f16 down
         else:
@@ -91,7 +92,7 @@ def test_native_graph_matches_the_reference(synthetic_gguf, tmp_path: Path, case
             assert int(got.argmax()) == int(want.argmax())
 
 
-@pytest.mark.parametrize("case", ["qwen2-q4_k_m", "llama-q4_1", "gemma3-q8_0"])
+@pytest.mark.parametrize("case", ["qwen2-q4_k_m", "llama-q4_1", "phi3-q5_0", "gemma3-q8_0"])
 def test_verify_equals_decode_and_batched_equals_alone_bit_for_bit(
     synthetic_gguf, tmp_path: Path, case: str
 ) -> None:

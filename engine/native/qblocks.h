@@ -148,8 +148,31 @@ struct Q6KX8 {
 };
 static_assert(sizeof(Q6KX8) == 1680, "Q6KX8 must stay packed");
 
-// Eight regrouped rows (nb Q4KX8 or Q6KX8 blocks) . `rows` activation rows (1..MAX_ROWS):
-// out[8 * r + i] = row i . x[r], by the steps above.
+// A Q8_0 or Q5_0 row's result, on every table and in both layouts: per block the exact integer
+// S = (signed weights) . activations, then acc = fma(float(S), d * d_x, acc) block by block.
+// (Q4_0 and Q4_1, never regrouped, keep llama.cpp's eight float lanes per block.)
+//
+// Q8_0 rows regrouped eight at a time (graph_native.regroup_q8_0): per block the rows' d, then
+// per four-element group one 32-byte run of four int8 weights per row: the GGUF's 34 bytes a row.
+struct Q8X8 {
+  uint16_t d[8];
+  int8_t qs[8][32];  // [four-element group][row][4]
+};
+static_assert(sizeof(Q8X8) == 272, "Q8X8 must stay packed");
+
+// Q5_0 rows regrouped eight at a time (graph_native.regroup_q5_0): per block the rows' d, their
+// fifth bits, then the nibble bytes in runs of four per row (run g: bytes 4g..4g+3, whose low
+// nibbles are elements 4g + t and high nibbles 16 + 4g + t). Bit s = 2g + h of qh[4 * row + t]
+// is the fifth bit of element 16h + 4g + t: two shifts put one set's bits beside its nibbles.
+struct Q5X8 {
+  uint16_t d[8];
+  uint8_t qh[32];     // [row][t], bit 2g + h
+  uint8_t qs[4][32];  // [four-element group][row][4 nibble bytes]
+};
+static_assert(sizeof(Q5X8) == 176, "Q5X8 must stay packed");
+
+// Eight regrouped rows (nb Q4KX8, Q6KX8, Q8X8 or Q5X8 blocks) . `rows` activation rows
+// (1..MAX_ROWS): out[8 * r + i] = row i . x[r], by the steps above.
 using DotX8 = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
 
 // One weight row (nb blocks) . `rows` activation rows (1..MAX_ROWS): out[r] = w . x[r].
@@ -176,7 +199,7 @@ struct Kernels {
   QuantizeBlocks quantize_blocks;
   QuantizeSupers quantize_supers;
   DotCols q4_0_cols, q4_1_cols, q5_0_cols, q8_0_cols, q4_k_cols, q6_k_cols;
-  DotX8 q4_k_x8, q6_k_x8;
+  DotX8 q4_k_x8, q6_k_x8, q8_0_x8, q5_0_x8;
 };
 
 const Kernels& scalar_kernels();

@@ -25,6 +25,7 @@
 #include "qdot_x86.h"
 #include "q4k_x8_x86.h"
 #include "q6k_x8_x86.h"
+#include "blocks_x8_x86.h"
 
 namespace npq {
 
@@ -37,14 +38,17 @@ NPQ_AVX2 inline const Act* act(const uint8_t* const* x, int r) {
 
 // The 32-element types: `Unpack(w)` gives the block's 32 weights as bytes; `Signed` says whether
 // they are signed (multiplied with dot_i8) or unsigned (maddubs directly); `Offset` adds the
-// block minimum times the activation sum (Q4_1).
-template <int R, int Bytes, __m256i (*Unpack)(const uint8_t*), bool Signed, bool Offset>
+// block minimum times the activation sum (Q4_1); `Exact`: the block's integer summed exactly and
+// one scalar fma per block (Q8_0, Q5_0: the regrouped rows' steps, qblocks.h), else llama.cpp's
+// eight float lanes.
+template <int R, int Bytes, __m256i (*Unpack)(const uint8_t*), bool Signed, bool Offset,
+          bool Exact>
 NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
   __m256 acc[R];
-  float offsets[R];
+  float offsets[R], exact[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = _mm256_setzero_ps();
-    offsets[r] = 0.0f;
+    offsets[r] = exact[r] = 0.0f;
   }
   for (int b = 0; b < nb; ++b, w += Bytes) {
     const __m256i q = Unpack(w);
@@ -52,11 +56,15 @@ NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, flo
     for (int r = 0; r < R; ++r) {
       const ActBlock& y = act<ActBlock>(x, r)[b];
       const __m256i s = Signed ? dot_i8(q, load32(y.qs)) : dot_u8(q, load32(y.qs));
+      if (Exact) {
+        exact[r] = fma_ss(static_cast<float>(hsum_i32(s)), d * y.d, exact[r]);
+        continue;
+      }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(s), acc[r]);
       if (Offset) offsets[r] += half(w + 2) * y.sum;
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + offsets[r];
+  for (int r = 0; r < R; ++r) out[r] = Exact ? exact[r] : hsum(acc[r]) + offsets[r];
 }
 
 NPQ_AVX2 inline __m256i unpack_q8_0(const uint8_t* w) { return load32(w + 2); }
@@ -205,10 +213,10 @@ NPQ_AVX2 void by_rows(const uint8_t* w, const uint8_t* const* x, int rows, int n
       __VA_ARGS__(w, x, nb, o);                                                           \
     }                                                                                     \
   };
-NPQ_ROWS(Q8_0K, blocks_rows<R, 34, unpack_q8_0, true, false>)
-NPQ_ROWS(Q4_0K, blocks_rows<R, 18, unpack_q4_0, true, false>)
-NPQ_ROWS(Q4_1K, blocks_rows<R, 20, unpack_q4_1, false, true>)
-NPQ_ROWS(Q5_0K, blocks_rows<R, 22, unpack_q5_0, true, false>)
+NPQ_ROWS(Q8_0K, blocks_rows<R, 34, unpack_q8_0, true, false, true>)
+NPQ_ROWS(Q4_0K, blocks_rows<R, 18, unpack_q4_0, true, false, false>)
+NPQ_ROWS(Q4_1K, blocks_rows<R, 20, unpack_q4_1, false, true, false>)
+NPQ_ROWS(Q5_0K, blocks_rows<R, 22, unpack_q5_0, true, false, true>)
 NPQ_ROWS(Q4_KK, q4_k_rows<R>)
 NPQ_ROWS(Q6_KK, q6_k_rows<R>)
 #undef NPQ_ROWS
@@ -219,15 +227,18 @@ NPQ_ROWS(Q6_KK, q6_k_rows<R>)
 // the activation block loaded once for all C. `Shift` 0: signed weights (dot_i8); otherwise
 // `Unpack` gives them unsigned, plus 1 << Shift (Q4_0's 8, Q5_0's 16), maddubs multiplies them
 // directly and (1 << Shift) times the activations' sums per four lanes (once per block for all
-// C rows) is taken off: dot_i8's int32 lanes exactly, in fewer instructions per row.
-template <int C, int Bytes, __m256i (*Unpack)(const uint8_t*), int Shift, bool Offset>
+// C rows) is taken off: dot_i8's int32 lanes exactly, in fewer instructions per row. `Exact`:
+// blocks_rows' exact steps (Q8_0, Q5_0).
+template <int C, int Bytes, __m256i (*Unpack)(const uint8_t*), int Shift, bool Offset, bool Exact>
 NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int nb, float* out) {
   const ActBlock* y = reinterpret_cast<const ActBlock*>(x);
   __m256 acc[C];
   __m128 offsets[C];  // lane 1: the blocks' minimum * activation sum, added block by block
+  float exact[C];
   for (int c = 0; c < C; ++c) {
     acc[c] = _mm256_setzero_ps();
     offsets[c] = _mm_setzero_ps();
+    exact[c] = 0.0f;
   }
   for (int b = 0; b < nb; ++b) {
     const __m256i yq = load32(y[b].qs);
@@ -249,6 +260,8 @@ NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int
         const __m128 prod = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm))), ypair);
         acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(s), acc[c]);
         offsets[c] = _mm_add_ps(offsets[c], prod);
+      } else if (Exact) {
+        exact[c] = fma_ss(static_cast<float>(hsum_i32(s)), half(wb) * y[b].d, exact[c]);
       } else {
         const __m256 d = _mm256_set1_ps(half(wb) * y[b].d);
         acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
@@ -256,7 +269,8 @@ NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int
     }
   }
   for (int c = 0; c < C; ++c) {
-    out[c] = hsum(acc[c]) + (Offset ? _mm_cvtss_f32(_mm_movehdup_ps(offsets[c])) : 0.0f);
+    out[c] = Exact ? exact[c]
+                   : hsum(acc[c]) + (Offset ? _mm_cvtss_f32(_mm_movehdup_ps(offsets[c])) : 0.0f);
   }
 }
 
@@ -289,10 +303,10 @@ NPQ_AVX2 inline __m256i unpack_q5_0_plus16(const uint8_t* w) {
   return _mm256_or_si256(nibbles16(w + 6),
                          _mm256_and_si256(bits_to_bytes(w + 2), _mm256_set1_epi8(16)));
 }
-NPQ_COLS(q8_0_cols, blocks_cols<C, 34, unpack_q8_0, 0, false>)
-NPQ_COLS(q4_0_cols, blocks_cols<C, 18, unpack_q4_0_plus8, 3, false>)
-NPQ_COLS(q4_1_cols, blocks_cols<C, 20, unpack_q4_1, 0, true>)
-NPQ_COLS(q5_0_cols, blocks_cols<C, 22, unpack_q5_0_plus16, 4, false>)
+NPQ_COLS(q8_0_cols, blocks_cols<C, 34, unpack_q8_0, 0, false, true>)
+NPQ_COLS(q4_0_cols, blocks_cols<C, 18, unpack_q4_0_plus8, 3, false, false>)
+NPQ_COLS(q4_1_cols, blocks_cols<C, 20, unpack_q4_1, 0, true, false>)
+NPQ_COLS(q5_0_cols, blocks_cols<C, 22, unpack_q5_0_plus16, 4, false, true>)
 #undef NPQ_COLS
 
 // The portable rule of quantize_run (qdot_scalar.cc) 8 lanes at a time: the same max, the same
@@ -347,7 +361,7 @@ const Kernels* NPQ_ENTRY() {
                          by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
                          quantize_supers, q4_0_cols,      q4_1_cols,       q5_0_cols,
                          q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>, q4_k_x8,
-                         q6_k_x8};
+                         q6_k_x8,         q8_0_x8,         q5_0_x8};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                   __builtin_cpu_supports("f16c") && NPQ_CPU_HAS;

@@ -32,7 +32,18 @@ float dot_q8_0(const uint8_t* w, const ActBlock* x, int nb) {
     const int8_t* q = reinterpret_cast<const int8_t*>(w + 2);
     int s = 0;
     for (int i = 0; i < QK; ++i) s += q[i] * x[b].qs[i];
-    acc += load_half(w) * x[b].d * static_cast<float>(s);
+    acc = std::fma(static_cast<float>(s), load_half(w) * x[b].d, acc);
+  }
+  return acc;
+}
+
+// Row i of eight regrouped rows (Q8X8) . one activation row: dot_q8_0's integers and steps.
+float dot_q8_0_x8(const Q8X8* w, int i, const ActBlock* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    int s = 0;
+    for (int e = 0; e < QK; ++e) s += w[b].qs[e / 4][4 * i + e % 4] * x[b].qs[e];
+    acc = std::fma(static_cast<float>(s), half_to_float(w[b].d[i]) * x[b].d, acc);
   }
   return acc;
 }
@@ -73,9 +84,36 @@ float dot_q5_0(const uint8_t* w, const ActBlock* x, int nb) {
       const int hi = ((q[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
       s += lo * x[b].qs[j] + hi * x[b].qs[j + 16];
     }
-    acc += load_half(w) * x[b].d * static_cast<float>(s);
+    acc = std::fma(static_cast<float>(s), load_half(w) * x[b].d, acc);
   }
   return acc;
+}
+
+// Row i of eight regrouped rows (Q5X8) . one activation row: dot_q5_0's integers and steps.
+float dot_q5_0_x8(const Q5X8* w, int i, const ActBlock* x, int nb) {
+  float acc = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const Q5X8& q = w[b];
+    int s = 0;
+    for (int e = 0; e < QK; ++e) {
+      const int h = e / 16, g = (e % 16) / 4, t = e % 4;
+      const uint8_t byte = q.qs[g][4 * i + t];
+      const int bit = (q.qh[4 * i + t] >> (2 * g + h)) & 1;
+      s += (((h == 0 ? (byte & 0xF) : (byte >> 4)) | (bit << 4)) - 16) * x[b].qs[e];
+    }
+    acc = std::fma(static_cast<float>(s), half_to_float(q.d[i]) * x[b].d, acc);
+  }
+  return acc;
+}
+
+// Eight regrouped rows of a 32-element type, one row at a time.
+template <typename Block, float (*Dot)(const Block*, int, const ActBlock*, int)>
+void blocks_x8(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
+  const Block* q = reinterpret_cast<const Block*>(w);
+  for (int r = 0; r < rows; ++r) {
+    const ActBlock* y = reinterpret_cast<const ActBlock*>(x[r]);
+    for (int i = 0; i < 8; ++i) out[8 * r + i] = Dot(q, i, y, nb);
+  }
 }
 
 // The Q4_K float steps (qblocks.h) on one block's integers.
@@ -236,7 +274,9 @@ const Kernels& scalar_kernels() {
                          cols_of<ActSuper, dot_q4_k>,
                          cols_of<ActSuper, dot_q6_k>,
                          q4_k_x8,
-                         q6_k_x8};
+                         q6_k_x8,
+                         blocks_x8<Q8X8, dot_q8_0_x8>,
+                         blocks_x8<Q5X8, dot_q5_0_x8>};
   return k;
 }
 

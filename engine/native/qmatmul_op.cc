@@ -10,8 +10,8 @@
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
 //            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
 //            epsilon (optional, with norm): RMSNorm's epsilon; layout (optional, 0): 1 = W holds
-//            Q4_K or Q6_K rows regrouped eight at a time (N / 8 groups of K / 256 Q4KX8 or
-//            Q6KX8 blocks, qblocks.h);
+//            Q4_K, Q6_K, Q8_0 or Q5_0 rows regrouped eight at a time (N / 8 groups of K / block
+//            Q4KX8, Q6KX8, Q8X8 or Q5X8 blocks, qblocks.h);
 //            paired (optional, 0): 1 = with glu, gate rows 8i..8i+7 are followed by up rows
 //            8i..8i+7 (an output's two rows come from one stream)
 //   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
@@ -46,6 +46,26 @@ using npq::QuantJob;
 using npq::quantize_rows;
 
 bool is_super(int type) { return type == npq::Q4_K || type == npq::Q6_K; }
+
+// The types whose rows may come regrouped eight at a time (layout 1), and a group's block bytes.
+size_t x8_block_bytes(int type) {
+  switch (type) {
+    case npq::Q4_K: return sizeof(npq::Q4KX8);
+    case npq::Q6_K: return sizeof(npq::Q6KX8);
+    case npq::Q8_0: return sizeof(npq::Q8X8);
+    case npq::Q5_0: return sizeof(npq::Q5X8);
+    default: return 0;
+  }
+}
+
+npq::DotX8 x8_kernel_for(const Kernels& k, int type) {
+  switch (type) {
+    case npq::Q4_K: return k.q4_k_x8;
+    case npq::Q6_K: return k.q6_k_x8;
+    case npq::Q8_0: return k.q8_0_x8;
+    default: return k.q5_0_x8;
+  }
+}
 
 struct Job {
   const Kernels* kern;
@@ -108,13 +128,10 @@ void products(const Job& j, int64_t n0, int len, const uint8_t* const* rows, int
   const int64_t first = !j.paired ? n0 : n0 < width ? 2 * n0 - n0 % 8 : 2 * (n0 - width) - n0 % 8 + 8;
   if (j.x8 != nullptr) {
     float part[npq::MAX_ROWS * 8];
+    const npq::DotX8 dot8 = x8_kernel_for(*j.kern, j.type);
+    const size_t group_bytes = static_cast<size_t>(nb) * x8_block_bytes(j.type);
     for (int c = 0; c < len; c += 8) {
-      const size_t group = static_cast<size_t>((first + c) / 8);
-      if (j.type == npq::Q4_K) {
-        j.kern->q4_k_x8(j.x8 + group * nb * sizeof(npq::Q4KX8), rows, count, nb, part);
-      } else {
-        j.kern->q6_k_x8(j.x8 + group * nb * sizeof(npq::Q6KX8), rows, count, nb, part);
-      }
+      dot8(j.x8 + static_cast<size_t>((first + c) / 8) * group_bytes, rows, count, nb, part);
       for (int i = 0; i < count; ++i) {
         for (int e = 0; e < 8; ++e) out[i * BLOCK_N + c + e] = part[8 * i + e];
       }
@@ -211,11 +228,11 @@ struct QMatMulKernel {
     row_bytes = static_cast<size_t>(k / npq::block_elems(type)) * static_cast<size_t>(bytes);
     x8 = layout == 1;
     paired = optional_int(info, "paired") == 1;
-    const bool k_type = type == npq::Q4_K || type == npq::Q6_K;
-    if (layout != 0 && !(x8 && k_type && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
+    const bool groups = x8_block_bytes(type) != 0;
+    if (layout != 0 && !(x8 && groups && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
       return error(ORT_INVALID_ARGUMENT,
-                   "layout 1 (rows regrouped in eights) needs Q4_K or Q6_K and N (N / 2 with "
-                   "glu) a multiple of 8; layout 0 is the GGUF's rows");
+                   "layout 1 (rows regrouped in eights) needs Q4_K, Q6_K, Q8_0 or Q5_0 and N "
+                   "(N / 2 with glu) a multiple of 8; layout 0 is the GGUF's rows");
     }
     if (paired && !(glu && (n / 2) % 8 == 0)) {
       return error(ORT_INVALID_ARGUMENT, "paired gate/up rows need glu and N / 2 a multiple of 8");
@@ -232,11 +249,11 @@ struct QMatMulKernel {
     return 0;
   }
 
-  // W's bytes: N rows of blocks, or N / 8 groups of Q4KX8 / Q6KX8 blocks (layout 1).
+  // W's bytes: N rows of blocks, or N / 8 groups of regrouped blocks (layout 1).
   size_t weight_bytes() const {
     if (!x8) return static_cast<size_t>(n) * row_bytes;
-    const size_t group = type == npq::Q4_K ? sizeof(npq::Q4KX8) : sizeof(npq::Q6KX8);
-    return static_cast<size_t>(n / 8) * static_cast<size_t>(k / npq::QK_K) * group;
+    return static_cast<size_t>(n / 8) * static_cast<size_t>(k / npq::block_elems(type)) *
+           x8_block_bytes(type);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {

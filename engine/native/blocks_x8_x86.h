@@ -1,0 +1,115 @@
+// Q8_0 and Q5_0 on eight regrouped rows (Q8X8, Q5X8; qblocks.h) for qdot_avx2.cc and its VNNI
+// builds: one 32-byte load holds a four-element group of all eight rows, four activations
+// broadcast to every lane meet it in one NPQ_DOT_ADD, each int32 lane sums one row's block
+// exactly, and the float step is the plain rows' (qblocks.h), so a regrouped row gives the bits
+// of the same row unregrouped. Included after q4k_x8_x86.h (bcast4).
+#pragma once
+
+namespace npq {
+
+namespace {
+
+// acc = fma(float(S), d * d_x, acc) for the eight rows of one block.
+NPQ_AVX2 inline __m256 x8_block_step(const uint16_t* d, __m256i s, float dx, __m256 acc) {
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d)));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc);
+}
+
+template <int C>
+NPQ_AVX2 inline __m256i chains_sum(const __m256i* sumi) {
+  __m256i s = sumi[0];
+  for (int c = 1; c < C; ++c) s = _mm256_add_epi32(s, sumi[c]);
+  return s;
+}
+
+// R activation rows (1..4), C independent integer chains per row (a decode step has one row:
+// more chains hide the dot instructions' latency there).
+template <int R, int C>
+NPQ_AVX2 void q8_0_x8_rows(const Q8X8* w, const uint8_t* const* x, int nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const Q8X8& q = w[b];
+    __m256i sumi[R][C];
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
+    }
+    for (int g = 0; g < 8; ++g) {
+      // dot_i8's trick: |w| unsigned, the activations given w's signs.
+      const __m256i v = load32(q.qs[g]);
+      const __m256i u = _mm256_sign_epi8(v, v);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
+        sumi[r][g % C] = NPQ_DOT_ADD(sumi[r][g % C], u, _mm256_sign_epi8(bcast4(y), v));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
+      acc[r] = x8_block_step(q.d, chains_sum<C>(sumi[r]), dx, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+// Bit s of every byte of qh moved to bit 4: set s's fifth bits beside its nibbles.
+NPQ_AVX2 inline __m256i fifth_bits(__m256i qh, int s) {
+  const __m256i moved = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(16));
+}
+
+// Q5_0's weights unsigned (nibble | 16 * bit, 0..31) straight into NPQ_DOT_ADD; each row's block
+// then takes off 16 * the activations' sum (exact), which is the signed weights' integer.
+template <int R, int C>
+NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const Q5X8& q = w[b];
+    const __m256i qh = load32(q.qh);
+    __m256i sumi[R][C];
+    for (int r = 0; r < R; ++r) {
+      const ActBlock& y = reinterpret_cast<const ActBlock*>(x[r])[b];
+      const int sy = hsum_i32(dot_u8(_mm256_set1_epi8(1), load32(y.qs)));
+      sumi[r][0] = _mm256_set1_epi32(-16 * sy);
+      for (int c = 1; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m256i raw = load32(q.qs[g]);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4), fifth_bits(qh, 2 * g));
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
+                                         fifth_bits(qh, 2 * g + 1));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
+        sumi[r][(2 * g) % C] = NPQ_DOT_ADD(sumi[r][(2 * g) % C], lo, bcast4(y));
+        sumi[r][(2 * g + 1) % C] = NPQ_DOT_ADD(sumi[r][(2 * g + 1) % C], hi, bcast4(y + 16));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
+      acc[r] = x8_block_step(q.d, chains_sum<C>(sumi[r]), dx, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+// rows (1..MAX_ROWS) activation rows, four at a time.
+#define NPQ_X8_ROWS(Name, Block, Kernel)                                                   \
+  NPQ_AVX2 void Name(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) { \
+    const Block* q = reinterpret_cast<const Block*>(w);                                     \
+    for (; rows > 0; x += 4, out += 32, rows -= 4) {                                        \
+      switch (rows) {                                                                       \
+        case 1: Kernel<1, 4>(q, x, nb, out); break;                                         \
+        case 2: Kernel<2, 2>(q, x, nb, out); break;                                         \
+        case 3: Kernel<3, 2>(q, x, nb, out); break;                                         \
+        default: Kernel<4, 2>(q, x, nb, out); break;                                        \
+      }                                                                                     \
+    }                                                                                       \
+  }
+NPQ_X8_ROWS(q8_0_x8, Q8X8, q8_0_x8_rows)
+NPQ_X8_ROWS(q5_0_x8, Q5X8, q5_0_x8_rows)
+#undef NPQ_X8_ROWS
+
+}  // namespace
+
+}  // namespace npq
