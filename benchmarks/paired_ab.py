@@ -7,8 +7,9 @@ replaced, on real models.
 `attention`: `npuchat.RopeAttention` (the default graph) against the seventeen ops per layer it
 replaces (`GraphSpec.fused_attention=False`). `k-layout`: Q4_K, Q6_K, Q8_0 and Q5_0 matrices
 regrouped eight rows at a time (the default) against the GGUF's own rows
-(`GraphSpec.regroup_k=False`). Loads each model twice with the native kernels and alternates the two round by round: decode steps (16 per
-round, after a warm-up step, at the given context) and every fourth round a 512-token prefill.
+(`GraphSpec.regroup_k=False`). Loads each model twice with the native kernels and alternates
+the two round by round: decode steps (16 per round, after a warm-up step, at the given context)
+and every fourth round a 512-token prefill.
 Prints wall and process-CPU milliseconds per token (median, 25th percentile, minimum) and
 prefill tok/s (median) for each side; the machine's speed drifts from minute to minute, so only
 the paired figures mean much. A script that prints figures, not a test.
