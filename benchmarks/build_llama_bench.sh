@@ -4,16 +4,26 @@
 # whole source tree. Prints the binary's path (built once into ~/.cache/npuchat-bench). Needs
 # cmake and a C++ compiler; about 8 minutes on 2 cores. Usage: build_llama_bench.sh [VERSION]
 # [--server]. With --server it also builds llama-server (for benchmarks/chat_race.py; about 10
-# minutes more, without the web UI) and prints that binary's path instead.
+# minutes more, without the web UI) and prints that binary's path instead. With --avx2 it builds
+# for the AVX2 family only (no AVX-512, no VNNI) into a folder of its own: beside
+# `NPUCHAT_KERNEL_ISA=avx2`, both sides on the code an AVX2-only machine runs (on this CPU's
+# cores: a stand-in for such a machine, not a measurement of one).
 # The sdist's Python bindings are kept beside the build ($dest/python-llama_cpp).
 set -euo pipefail
 server=OFF
+avx2_only=0
 positional=()
 for arg in "$@"; do
-    if [ "$arg" = --server ]; then server=ON; else positional+=("$arg"); fi
+    case "$arg" in
+        --server) server=ON ;;
+        --avx2) avx2_only=1 ;;
+        *) positional+=("$arg") ;;
+    esac
 done
 version="${positional[0]:-0.3.36}"
-dest="${NPUCHAT_LLAMA_DIR:-$HOME/.cache/npuchat-bench/llama.cpp-$version}"
+suffix=""
+if [ "$avx2_only" = 1 ]; then suffix="-avx2"; fi
+dest="${NPUCHAT_LLAMA_DIR:-$HOME/.cache/npuchat-bench/llama.cpp-$version$suffix}"
 bin="$dest/build/bin/llama-bench"
 server_bin="$dest/build/bin/llama-server"
 # The server's web UI would be built with npm or downloaded from Hugging Face: neither is needed.
@@ -50,6 +60,11 @@ if grep -qw 'amx_tile\|amx_int8\|amx_bf16' /proc/cpuinfo 2>/dev/null; then
         -DGGML_AVX_VNNI="$(has avx_vnni)"
         -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
     echo "CPU lists AMX: building without GGML_NATIVE, AMX off" >&2
+fi
+if [ "$avx2_only" = 1 ]; then
+    cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX512_VBMI=OFF
+        -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
 # Shared libraries: benchmarks/llama_cpp_reference.py drives libllama through the sdist's
 # ctypes bindings (llama_cpp/, LLAMA_CPP_LIB_PATH) to record llama.cpp's logits as test data.

@@ -67,12 +67,12 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
   for (int b = 0; b < nb; ++b) {
     const Q5X8& q = w[b];
     const __m256i qh = load32(q.qh);
-    __m256i sumi[R][C];
+    __m256i sumi[R][C];  // AVX2: [0] and [1] the int16 sums of the low and the high sets
+    __m256i bias[R];
     for (int r = 0; r < R; ++r) {
       const ActBlock& y = reinterpret_cast<const ActBlock*>(x[r])[b];
-      const int sy = hsum_i32(dot_u8(_mm256_set1_epi8(1), load32(y.qs)));
-      sumi[r][0] = _mm256_set1_epi32(-16 * sy);
-      for (int c = 1; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
+      bias[r] = _mm256_set1_epi32(-16 * hsum_i32(dot_u8(_mm256_set1_epi8(1), load32(y.qs))));
+      for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
     }
     for (int g = 0; g < 4; ++g) {
       const __m256i raw = load32(q.qs[g]);
@@ -81,13 +81,25 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
                                          fifth_bits(qh, 2 * g + 1));
       for (int r = 0; r < R; ++r) {
         const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
+#if NPQ_INT16_SUMS  // AVX2: four groups' maddubs pairs (each |.| <= 2 * 31 * 127) fit int16
+        sumi[r][0] = _mm256_add_epi16(sumi[r][0], _mm256_maddubs_epi16(lo, bcast4(y)));
+        sumi[r][1] = _mm256_add_epi16(sumi[r][1], _mm256_maddubs_epi16(hi, bcast4(y + 16)));
+#else
         sumi[r][(2 * g) % C] = NPQ_DOT_ADD(sumi[r][(2 * g) % C], lo, bcast4(y));
         sumi[r][(2 * g + 1) % C] = NPQ_DOT_ADD(sumi[r][(2 * g + 1) % C], hi, bcast4(y + 16));
+#endif
       }
     }
     for (int r = 0; r < R; ++r) {
       const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
-      acc[r] = x8_block_step(q.d, chains_sum<C>(sumi[r]), dx, acc[r]);
+#if NPQ_INT16_SUMS
+      const __m256i ones = _mm256_set1_epi16(1);
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sumi[r][0], ones),
+                                         _mm256_madd_epi16(sumi[r][1], ones));
+#else
+      const __m256i s = chains_sum<C>(sumi[r]);
+#endif
+      acc[r] = x8_block_step(q.d, _mm256_add_epi32(s, bias[r]), dx, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
