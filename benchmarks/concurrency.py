@@ -8,7 +8,8 @@
 For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no drafts:
 
 * aggregate decode tok/s with 1, 2 and 4 streams started together (tokens of all streams
-  inside the window where every stream is decoding, over that window), and the ratios to one;
+  inside the window where every stream is decoding, over that window), and the ratios to one
+  (three rounds of the three, ratios within each round; the median and the rounds' range);
 * per-stream decode tok/s of an interactive reply while a background reply runs, against the
   same reply alone;
 * the longest gap between two tokens of a streaming reply while another conversation prefills a
@@ -62,6 +63,7 @@ from npuchat.engine.step_trace import log as step_log
 
 LONG_TOKENS = 2000
 PASTE_TOKENS = [LONG_TOKENS]  # the paste's length (`--paste-tokens`)
+AGGREGATE_ROUNDS = 3  # rounds of 1, 2 and 4 streams (`aggregate_figures`)
 PROMPTS = [
     "Write a detailed essay about the history of computing, from the abacus to modern GPUs.",
     "Explain, step by step and at length, how a compiler turns source code into machine code.",
@@ -186,10 +188,19 @@ def measure(
 
 
 def aggregate_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
-    for n in (1, 2, 4):
-        out[f"aggregate_{n}_tps"] = aggregate(engine, n, tokens, f"agg{n}-")
-    out["aggregate_2_x"] = out["aggregate_2_tps"] / out["aggregate_1_tps"]
-    out["aggregate_4_x"] = out["aggregate_4_tps"] / out["aggregate_1_tps"]
+    """1, 2 and 4 streams in turn, `AGGREGATE_ROUNDS` times: each round's ratios are taken
+    within the round (this VM's memory speed drifts from minute to minute, and a window of 48
+    tokens is a second or two), then the median of the rounds, with their min and max."""
+    tps: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    for r in range(AGGREGATE_ROUNDS):
+        for n in tps:
+            tps[n].append(aggregate(engine, n, tokens, f"agg{r}-{n}-"))
+    for n, values in tps.items():
+        out[f"aggregate_{n}_tps"] = statistics.median(values)
+    for n in (2, 4):
+        ratios = sorted(a / b for a, b in zip(tps[n], tps[1], strict=True))
+        out[f"aggregate_{n}_x"] = statistics.median(ratios)
+        out[f"aggregate_{n}_x_min"], out[f"aggregate_{n}_x_max"] = ratios[0], ratios[-1]
 
 
 def background_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
