@@ -1,12 +1,12 @@
 """The native matmul kernels as an ONNX Runtime custom-op library, and whether to use them.
 
 `npuchat.QMatMul` multiplies float activations by a weight matrix kept as the GGUF's own blocks
-(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: llama.cpp's byte budget; Q4_K rows regrouped eight at a
-time, `graph_native.regroup_q4_k`), quantizing each activation row to int8 blocks as llama.cpp
-does; AVX2+FMA kernels where the CPU has them, portable ones elsewhere. Each output is computed
-by the same steps whatever the number of rows, so a row never depends on the rows beside it.
-The op also adds a bias and, on a SwiGLU MLP's fused gate|up rows, gives silu(gate) * up
-(`glu`): ops a small model's step would otherwise dispatch.
+(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: llama.cpp's byte budget; Q4_K, Q6_K, Q8_0 and Q5_0 rows
+regrouped eight at a time, `graph_native.regroup_rows`), quantizing each activation row to int8
+blocks as llama.cpp does; AVX2+FMA kernels where the CPU has them, portable ones elsewhere. Each
+output is computed by the same steps whatever the number of rows, so a row never depends on the
+rows beside it. The op also adds a bias and, on a SwiGLU MLP's fused gate|up rows, gives
+silu(gate) * up (`glu`): ops a small model's step would otherwise dispatch.
 
 The library is built on first use (`kernel_build`); a machine that cannot build it (no compiler,
 no npm) keeps the pure-ONNX-Runtime path. `NPUCHAT_KERNELS` chooses: `auto` (use them when they
@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ __all__ = [
     "kernel_library",
     "kernel_mode",
     "kernels_for",
+    "native_regroup",
     "register_kernels",
 ]
 
@@ -80,6 +82,11 @@ def _runtime_api_version() -> int:
 
 
 @functools.cache
+def _cdll(path: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(path))
+
+
+@functools.cache
 def _load(root: Path | None) -> KernelLibrary:
     if _runtime_api_version() < HEADER_API_VERSION:
         return KernelLibrary(None, reason=f"onnxruntime {ort.__version__} is older than 1.29")
@@ -88,7 +95,7 @@ def _load(root: Path | None) -> KernelLibrary:
     except KernelBuildError as exc:
         return KernelLibrary(None, reason=str(exc))
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = _cdll(path)
         lib.npuchat_kernel_isa.restype = ctypes.c_char_p
         isa = lib.npuchat_kernel_isa().decode()
     except (OSError, AttributeError) as exc:  # digest intact but not loadable here
@@ -113,6 +120,20 @@ def kernels_for(accuracy_level: int) -> KernelLibrary:
     if accuracy_level != 4:
         return KernelLibrary(None, reason=f"accuracy level {accuracy_level}")
     return kernel_library()
+
+
+RegroupFn = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p
+)
+
+
+def native_regroup() -> Callable[[int, int, int, int, int], int]:
+    """The library's `npuchat_regroup(type, src, n, row_bytes, dst)` (`native/regroup.cc`):
+    the eight-row layouts the graph build writes for the kernels that read them."""
+    lib = kernel_library()
+    if lib.path is None:
+        raise NpuchatError(f"no kernel library: {lib.reason}")
+    return RegroupFn(("npuchat_regroup", _cdll(lib.path)))
 
 
 def register_kernels(so: ort.SessionOptions, lib: KernelLibrary) -> None:

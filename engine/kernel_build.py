@@ -55,6 +55,7 @@ SOURCES = (
     "attention_op.cc",
     "attention_avx2.cc",
     "rope_attention_op.cc",
+    "regroup.cc",
     "kernels_entry.cc",
 )
 HEADERS = (

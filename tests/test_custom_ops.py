@@ -17,11 +17,12 @@ import pytest
 from gguf.quants import dequantize
 from onnx import TensorProto, helper, numpy_helper
 from qmatmul_check import K, N, blocks, reference, relative_errors, session, weights
+from regroup_reference import reference_regroup
 from synthetic import ggml_type
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.graph_native import regroup_q4_k
+from npuchat.engine.graph_native import regroup_rows
 from npuchat.engine.kernel_build import build_kernels
 
 if shutil.which("g++") is None or shutil.which("npm") is None:
@@ -225,7 +226,7 @@ def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
     with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0 or Q5_0"):
         session(blocks(weights(), q41), q41, K, layout=1)  # Q4_1 rows are never regrouped
     q4k = ggml_type("q4_k")
-    grouped = regroup_q4_k(blocks(weights(), q4k))
+    grouped = regroup_rows(blocks(weights(), q4k), q4k)
     with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0 or Q5_0 and N"):
         session(grouped, q4k, K, layout=1, N=N - 4)
     with pytest.raises(Exception, match="paired gate/up rows need glu"):
@@ -275,3 +276,15 @@ def test_a_damaged_library_in_the_cache_is_refused_not_loaded_or_deleted(
     lib = kernel_library(tmp_path / "cache")
     assert not lib.available and "is damaged" in lib.reason and str(copy) in lib.reason
     assert damaged.read_bytes() == bytes(data)  # left for the user to look at
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0"])
+def test_the_library_regroups_rows_as_the_numpy_reference_does(name: str) -> None:
+    """`npuchat_regroup` (what the graph build writes) against the layouts written with numpy:
+    any bytes (random blocks, not just quantized ones), several groups and blocks."""
+    qtype = ggml_type(name)
+    row_bytes = blocks(weights(8, 512), qtype).shape[1]
+    raw = np.random.default_rng(3).integers(0, 256, (40, row_bytes), dtype=np.uint8)
+    assert np.array_equal(regroup_rows(raw, qtype), reference_regroup(raw, qtype))
+    with pytest.raises(ValueError, match="cannot be regrouped in eights"):
+        regroup_rows(raw[:12], qtype)
