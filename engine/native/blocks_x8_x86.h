@@ -22,7 +22,7 @@ NPQ_AVX2 inline __m256i chains_sum(const __m256i* sumi) {
   return s;
 }
 
-// R activation rows (1..4), C independent integer chains per row (a decode step has one row:
+// R activation rows (1..NPQ_X8_PASS), C independent integer chains per row (a decode step has one row:
 // more chains hide the dot instructions' latency there).
 template <int R, int C>
 NPQ_AVX2 void q8_0_x8_rows(const Q8X8* w, const uint8_t* const* x, int nb, float* out) {
@@ -105,22 +105,34 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
-// rows (1..MAX_ROWS) activation rows, four at a time.
-#define NPQ_X8_ROWS(Name, Block, Kernel)                                                   \
+// rows (1..MAX_ROWS) activation rows, NPQ_X8_PASS at a time.
+#if NPQ_X8_PASS == 8
+#define NPQ_X8_WIDE_CASES(Kernel)                  \
+  case 4: Kernel<4, 2>(q, x, nb, out); break;      \
+  case 5: Kernel<5, 2>(q, x, nb, out); break;      \
+  case 6: Kernel<6, 2>(q, x, nb, out); break;      \
+  case 7: Kernel<7, 2>(q, x, nb, out); break;      \
+  default: Kernel<8, 2>(q, x, nb, out); break;
+#else
+#define NPQ_X8_WIDE_CASES(Kernel) \
+  default: Kernel<4, 2>(q, x, nb, out); break;
+#endif
+#define NPQ_X8_ROWS(Name, Block, Kernel)                                                      \
   NPQ_AVX2 void Name(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) { \
-    const Block* q = reinterpret_cast<const Block*>(w);                                     \
-    for (; rows > 0; x += 4, out += 32, rows -= 4) {                                        \
-      switch (rows) {                                                                       \
-        case 1: Kernel<1, 4>(q, x, nb, out); break;                                         \
-        case 2: Kernel<2, 2>(q, x, nb, out); break;                                         \
-        case 3: Kernel<3, 2>(q, x, nb, out); break;                                         \
-        default: Kernel<4, 2>(q, x, nb, out); break;                                        \
-      }                                                                                     \
-    }                                                                                       \
+    const Block* q = reinterpret_cast<const Block*>(w);                                        \
+    for (; rows > 0; x += NPQ_X8_PASS, out += 8 * NPQ_X8_PASS, rows -= NPQ_X8_PASS) {          \
+      switch (rows) {                                                                          \
+        case 1: Kernel<1, 4>(q, x, nb, out); break;                                            \
+        case 2: Kernel<2, 2>(q, x, nb, out); break;                                            \
+        case 3: Kernel<3, 2>(q, x, nb, out); break;                                            \
+        NPQ_X8_WIDE_CASES(Kernel)                                                              \
+      }                                                                                        \
+    }                                                                                          \
   }
 NPQ_X8_ROWS(q8_0_x8, Q8X8, q8_0_x8_rows)
 NPQ_X8_ROWS(q5_0_x8, Q5X8, q5_0_x8_rows)
 #undef NPQ_X8_ROWS
+#undef NPQ_X8_WIDE_CASES
 
 }  // namespace
 

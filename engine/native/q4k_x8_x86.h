@@ -84,7 +84,7 @@ NPQ_AVX2 void q4_k_x8_one(const Q4KX8* w, const ActSuper* x, int nb, float* out)
   _mm256_storeu_ps(out, _mm256_sub_ps(acc, accm));
 }
 
-// R activation rows (2..4) at once: chunk by chunk, 2R chains, the weights unpacked once.
+// R activation rows (2..NPQ_X8_PASS) at once: chunk by chunk, 2R chains, the weights unpacked once.
 template <int R>
 NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -119,15 +119,23 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, _mm256_sub_ps(acc[r], accm[r]));
 }
 
-// rows (1..MAX_ROWS) activation rows, four at a time.
+// rows (1..MAX_ROWS) activation rows, NPQ_X8_PASS at a time.
 NPQ_AVX2 void q4_k_x8(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
   const Q4KX8* q = reinterpret_cast<const Q4KX8*>(w);
-  for (; rows > 0; x += 4, out += 32, rows -= 4) {
+  for (; rows > 0; x += NPQ_X8_PASS, out += 8 * NPQ_X8_PASS, rows -= NPQ_X8_PASS) {
     switch (rows) {
       case 1: q4_k_x8_one(q, reinterpret_cast<const ActSuper*>(x[0]), nb, out); break;
       case 2: q4_k_x8_rows<2>(q, x, nb, out); break;
       case 3: q4_k_x8_rows<3>(q, x, nb, out); break;
+#if NPQ_X8_PASS == 8
+      case 4: q4_k_x8_rows<4>(q, x, nb, out); break;
+      case 5: q4_k_x8_rows<5>(q, x, nb, out); break;
+      case 6: q4_k_x8_rows<6>(q, x, nb, out); break;
+      case 7: q4_k_x8_rows<7>(q, x, nb, out); break;
+      default: q4_k_x8_rows<8>(q, x, nb, out); break;
+#else
       default: q4_k_x8_rows<4>(q, x, nb, out); break;
+#endif
     }
   }
 }

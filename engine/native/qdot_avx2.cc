@@ -27,6 +27,11 @@
 #ifndef NPQ_INT16_SUMS
 #define NPQ_INT16_SUMS 0
 #endif
+// Activation rows the eight-row kernels take in one pass over a group's weights: four where the
+// target has 16 vector registers; qdot_avx512.cc (32 of them) takes eight.
+#ifndef NPQ_X8_PASS
+#define NPQ_X8_PASS 4
+#endif
 #define NPQ_AVX2 __attribute__((target(NPQ_TARGET)))
 #include "qdot_x86.h"
 #include "q4k_x8_x86.h"

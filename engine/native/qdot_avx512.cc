@@ -9,4 +9,5 @@
    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
 #define NPQ_DOT_ADD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #define NPQ_PAIRS_ADD(acc, pairs, scales) _mm256_dpwssd_epi32(acc, pairs, scales)
+#define NPQ_X8_PASS 8  // 32 vector registers: eight activation rows a pass
 #include "qdot_avx2.cc"
