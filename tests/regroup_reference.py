@@ -94,7 +94,7 @@ def _rows_d(data: np.ndarray, nb: int, block: int) -> np.ndarray:
 def regroup_q8_0(data: np.ndarray) -> np.ndarray:
     """Q8_0 rows `[n, nb * 34]` (n a multiple of 8) as `[n / 8, nb * 272]` bytes, `Q8X8`'s
     layout: per group of eight rows and per block, the rows' d, then per four-element group a
-    run of four int8 weights per row (`qs[group of four][row][4]`)."""
+    run of four weights per row (`qs[group of four][row][4]`), each int8 plus 128."""
     n, row_bytes = data.shape
     nb = row_bytes // _Q8_0_BYTES
     groups = n // GROUP
@@ -102,6 +102,7 @@ def regroup_q8_0(data: np.ndarray) -> np.ndarray:
     out[..., 0:16] = _rows_d(data, nb, _Q8_0_BYTES)
     qs = _runs(data, nb, _Q8_0_BYTES, 2, 34)  # [group, row, block, 8 words]
     _by_row(out[..., 16:].view(np.uint32).reshape(groups, nb, 8, GROUP), qs)
+    out[..., 16:] ^= 0x80  # int8 + 128
     return out.reshape(groups, nb * 8 * _Q8_0_BYTES)
 
 

@@ -35,17 +35,27 @@ NPQ_AVX2 void q8_0_x8_rows(const Q8X8* w, const uint8_t* const* x, int nb, float
       for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
     }
     for (int g = 0; g < 8; ++g) {
-      // dot_i8's trick: |w| unsigned, the activations given w's signs.
-      const __m256i v = load32(q.qs[g]);
+#if NPQ_INT16_SUMS
+      // AVX2's maddubs would saturate on w + 128: back to int8, then dot_i8's sign trick
+      const __m256i v = _mm256_xor_si256(load32(q.qs[g]), _mm256_set1_epi8(-128));
       const __m256i u = _mm256_sign_epi8(v, v);
+#else
+      const __m256i u = load32(q.qs[g]);  // w + 128, straight into vpdpbusd
+#endif
       for (int r = 0; r < R; ++r) {
         const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
+#if NPQ_INT16_SUMS
         sumi[r][g % C] = NPQ_DOT_ADD(sumi[r][g % C], u, _mm256_sign_epi8(bcast4(y), v));
+#else
+        sumi[r][g % C] = NPQ_DOT_ADD(sumi[r][g % C], u, bcast4(y));
+#endif
       }
     }
     for (int r = 0; r < R; ++r) {
-      const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
-      acc[r] = x8_block_step(q.d, chains_sum<C>(sumi[r]), dx, acc[r]);
+      const ActBlock& y = reinterpret_cast<const ActBlock*>(x[r])[b];
+      __m256i s = chains_sum<C>(sumi[r]);
+      if (!NPQ_INT16_SUMS) s = _mm256_sub_epi32(s, _mm256_set1_epi32(128 * y.isum));
+      acc[r] = x8_block_step(q.d, s, y.d, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
@@ -71,7 +81,7 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
     __m256i bias[R];
     for (int r = 0; r < R; ++r) {
       const ActBlock& y = reinterpret_cast<const ActBlock*>(x[r])[b];
-      bias[r] = _mm256_set1_epi32(-16 * hsum_i32(dot_u8(_mm256_set1_epi8(1), load32(y.qs))));
+      bias[r] = _mm256_set1_epi32(-16 * y.isum);
       for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
     }
     for (int g = 0; g < 4; ++g) {

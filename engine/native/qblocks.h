@@ -36,11 +36,14 @@ inline int block_bytes(int type) {
 inline int block_elems(int type) { return (type == Q4_K || type == Q6_K) ? QK_K : QK; }
 
 // Activations of one row quantized to int8 per 32 elements (for the 32-element weight types):
-// x ~= d * qs; `sum` = d * sum(qs), which the offset types (Q4_1) multiply by their minimum.
+// x ~= d * qs; `sum` = d * sum(qs), which the offset types (Q4_1) multiply by their minimum;
+// `isum` = sum(qs) exactly, which the eight-row kernels' unsigned weights (Q5_0 plus 16, Q8_0
+// plus 128) take off once per block and row instead of summing qs again for every group.
 struct ActBlock {
   float d;
   float sum;
   int8_t qs[QK];
+  int32_t isum;
 };
 
 // Activations per 256 elements (for the K types), with the sums of qs per 16 elements that the
@@ -65,10 +68,12 @@ inline void super_sums(ActSuper* y) {
   }
 }
 
-// d * sum(qs) of a quantized 32-element block (what Q4_1's minimum is multiplied by).
+// sum(qs) and d * sum(qs) of a quantized 32-element block (what Q4_1's minimum is multiplied
+// by).
 inline void block_sum(ActBlock* y) {
   int s = 0;
   for (int i = 0; i < QK; ++i) s += y->qs[i];
+  y->isum = s;
   y->sum = y->d * static_cast<float>(s);
 }
 
@@ -152,15 +157,16 @@ static_assert(sizeof(Q6KX8) == 1680, "Q6KX8 must stay packed");
 // S = (signed weights) . activations, then acc = fma(float(S), d * d_x, acc) block by block.
 // (Q4_0 and Q4_1, never regrouped, keep llama.cpp's eight float lanes per block.)
 //
-// Q8_0 rows regrouped eight at a time (graph_native.regroup_q8_0): per block the rows' d, then
-// per four-element group one 32-byte run of four int8 weights per row: the GGUF's 34 bytes a row.
+// Q8_0 rows regrouped eight at a time (regroup.cc): per block the rows' d, then per
+// four-element group one 32-byte run of four weights per row, each stored plus 128 (w ^ 0x80):
+// unsigned, they go straight into vpdpbusd, 128 * the activations' sum taken off per block.
 struct Q8X8 {
   uint16_t d[8];
-  int8_t qs[8][32];  // [four-element group][row][4]
+  uint8_t qs[8][32];  // [four-element group][row][4], w + 128
 };
 static_assert(sizeof(Q8X8) == 272, "Q8X8 must stay packed");
 
-// Q5_0 rows regrouped eight at a time (graph_native.regroup_q5_0): per block the rows' d, their
+// Q5_0 rows regrouped eight at a time (regroup.cc): per block the rows' d, their
 // fifth bits, then the nibble bytes in runs of four per row (run g: bytes 4g..4g+3, whose low
 // nibbles are elements 4g + t and high nibbles 16 + 4g + t). Bit s = 2g + h of qh[4 * row + t]
 // is the fifth bit of element 16h + 4g + t: two shifts put one set's bits beside its nibbles.

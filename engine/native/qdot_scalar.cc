@@ -42,7 +42,7 @@ float dot_q8_0_x8(const Q8X8* w, int i, const ActBlock* x, int nb) {
   float acc = 0.0f;
   for (int b = 0; b < nb; ++b) {
     int s = 0;
-    for (int e = 0; e < QK; ++e) s += w[b].qs[e / 4][4 * i + e % 4] * x[b].qs[e];
+    for (int e = 0; e < QK; ++e) s += (w[b].qs[e / 4][4 * i + e % 4] - 128) * x[b].qs[e];
     acc = std::fma(static_cast<float>(s), half_to_float(w[b].d[i]) * x[b].d, acc);
   }
   return acc;

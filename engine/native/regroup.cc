@@ -56,7 +56,10 @@ void q6_k(const uint8_t* const* rows, Q6KX8* out) {
 
 void q8_0(const uint8_t* const* rows, Q8X8* out) {
   for (int r = 0; r < ROWS; ++r) std::memcpy(&out->d[r], rows[r], 2);
-  for (int g = 0; g < 8; ++g) runs(rows, 2 + 4 * g, reinterpret_cast<uint8_t*>(out->qs[g]));
+  for (int g = 0; g < 8; ++g) {
+    runs(rows, 2 + 4 * g, out->qs[g]);
+    for (uint8_t& w : out->qs[g]) w ^= 0x80;  // int8 + 128
+  }
 }
 
 // For 16 fifth bits v (one half h of a Q5_0 row's), the four bytes (t = 0..3, little-endian)
