@@ -12,16 +12,17 @@ from pathlib import Path
 
 from npuchat.engine.bench_suites import SUITES
 from npuchat.engine.devices import DEVICE_CHOICES, DEVICES
-from npuchat.engine.kv_layout import KV_DTYPES
+from npuchat.engine.kv_layout import KV_CHOICES
 
 
 def add_kv_dtype_argument(p: argparse.ArgumentParser, dest: str) -> None:
     p.add_argument(
         "--kv-dtype",
         dest=dest,
-        choices=list(KV_DTYPES),
-        help="how the KV cache stores K/V on the CPU: f32, f16 (half) or int8 (about a "
-        "quarter of the memory) (default: from settings, f32)",
+        choices=list(KV_CHOICES),
+        help="how the KV cache stores K/V on the CPU: auto (f16 where the native kernels run, "
+        "else f32), f32, f16 (half) or int8 (about a quarter of the memory) (default: from "
+        "settings, auto)",
     )
 
 

@@ -20,7 +20,7 @@ import tomlkit.exceptions
 
 from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.kv_layout import KV_DTYPES
+from npuchat.engine.kv_layout import KV_AUTO, KV_CHOICES
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
@@ -32,7 +32,8 @@ class Settings:
     `draft`: "lookup" (the default: prompt-lookup drafts cost nothing and speculation is exact,
     so it can only help), "default" (the catalog's draft model plus lookup), a model name, or
     empty / "none" for plain decoding. `kv_dtype`: how the KV cache stores K/V on the CPU:
-    "f32" (exact), "f16" (half the memory) or "int8" (about a quarter; `engine/kv_layout.py`).
+    "auto" (f16 where the native kernels run, else f32), "f32", "f16" (half the memory) or
+    "int8" (about a quarter; `engine/kv_layout.py`).
     """
 
     model: str = DEFAULT_MODEL
@@ -47,7 +48,7 @@ class Settings:
     keymap: dict[str, str] = field(default_factory=dict)
     soc_model: int = 60
     htp_arch: int = 73
-    kv_dtype: str = "f32"
+    kv_dtype: str = KV_AUTO
 
     def validate(self, source: str) -> None:
         for name in ("device", "draft_device"):
@@ -56,9 +57,9 @@ class Settings:
                 raise NpuchatError(
                     f"{source}: {name} = {value!r} is not one of {', '.join(DEVICE_CHOICES)}"
                 )
-        if self.kv_dtype not in KV_DTYPES:
+        if self.kv_dtype not in KV_CHOICES:
             raise NpuchatError(
-                f"{source}: kv_dtype = {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}"
+                f"{source}: kv_dtype = {self.kv_dtype!r} is not one of {', '.join(KV_CHOICES)}"
             )
         if not 0 <= self.threads <= 1024:
             raise NpuchatError(f"{source}: threads must be 0 (auto) or a number up to 1024")

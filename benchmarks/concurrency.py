@@ -91,6 +91,7 @@ def open_engine(
         threads=threads,
         capacities=caps,
         batch_max=slots,
+        kv_dtype="auto",  # as the app's
     )
     return ConcurrentEngine(session, max_queue=16)
 

@@ -1,7 +1,7 @@
 """Engine speed on real GGUF files: load cold vs cached, prefill, decode, peak RSS, over repeats.
 
     python benchmarks/engine_speed.py MODEL [MODEL ...] [--threads 2] [--repeats 3]
-        [--kernels on,off] [--llama-bench PATH [--llama-cpu]] [--json RUN.json]
+        [--kernels on,off] [--kv-dtype auto] [--llama-bench PATH [--llama-cpu]] [--json RUN.json]
     python benchmarks/engine_speed.py --table RUN.json     # the README's table of that run
 
 MODEL is a GGUF path or the name of an installed model (`<models_dir>/<name>.gguf`). Each
@@ -52,7 +52,7 @@ def _resolve(model: str) -> Path:
 def _phase(
     model: Path, phase: str, cache: Path, args: argparse.Namespace, kernels: str
 ) -> dict[str, Any]:
-    cmd = [sys.executable, str(WORKER), str(model), phase, str(cache)]
+    cmd = [sys.executable, str(WORKER), str(model), phase, str(cache), "--kv-dtype", args.kv_dtype]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     for flag in ("profile", "floor", "no_row_padding"):
@@ -105,6 +105,9 @@ def _arguments() -> argparse.Namespace:
         "--kernels",
         default="",
         help="NPUCHAT_KERNELS modes to run side by side, e.g. on,off (default: as set)",
+    )
+    ap.add_argument(
+        "--kv-dtype", default="auto", help="the K/V cache's dtype (default auto: as the app's)"
     )
     ap.add_argument("--json", metavar="FILE", type=Path, help="write the whole run to FILE")
     ap.add_argument("--table", metavar="FILE", type=Path, help="print the README table of a run")

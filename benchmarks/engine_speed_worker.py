@@ -40,10 +40,13 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from npuchat.engine.model import Model
 
     t0 = time.perf_counter()
-    model = Model.load(args.model, cache_dir=Path(args.cache_dir), threads=args.threads)
+    model = Model.load(
+        args.model, cache_dir=Path(args.cache_dir), threads=args.threads, kv_dtype=args.kv_dtype
+    )
     load_s = time.perf_counter() - t0
     model.exact_decode = not args.no_row_padding
-    out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds, "kernels": model.kernels}
+    kernels = f"{model.kernels}; K/V {model.kv_dtype}"
+    out: dict[str, Any] = {"load_s": load_s, "built": model.graph_builds, "kernels": kernels}
     if args.phase == "cold":
         out["peak_rss_mib"] = _status_mib("VmHWM")
         print(json.dumps(out), flush=True)
@@ -229,6 +232,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--floor", action="store_true")
     ap.add_argument("--no-row-padding", action="store_true")
+    ap.add_argument("--kv-dtype", default="auto")
     ap.add_argument(  # isa_ab.py: 128 alone (the 1024 prefill would double a run's time)
         "--contexts", type=lambda v: [int(c) for c in v.split(",")], default=[128, 1024]
     )

@@ -108,12 +108,18 @@ def attend_inplace(
     attended by the native `npuchat.Attention` op, which reads the cache's first A slots in
     place (no Slice copy, no packing of K and V for a MatMul; `native/attention_op.cc`), and
     skips the slots the mask hides (`MASK_NEG`): a decode row beside a long prompt reads its
-    own slots only.
+    own slots only. An f16 cache's first A slots are widened by a Cast for it (what
+    `RopeAttentionF16` computes, bit for bit, without the copy).
     """
     if native_mask is not None and kv[0] == "f32":
         k_all = gr.op("ScatterND", [f"past_k_{i}", slots, k_new], outputs=[f"present_k_{i}"])
         v_all = gr.op("ScatterND", [f"past_v_{i}", slots, v_new], outputs=[f"present_v_{i}"])
         inputs = [q, k_all, v_all, native_mask]  # MASK_NEG: the slot is hidden, never read
+        return gr.op("Attention", inputs, domain=KERNEL_DOMAIN, hidden=MASK_NEG)
+    if native_mask is not None and kv[0] == "f16":  # the window's slots widened, then as f32
+        k_all, _ = _store_rows(gr, i, "k", k_new, *kv, slots, window)
+        v_all, _ = _store_rows(gr, i, "v", v_new, *kv, slots, window)
+        inputs = [q, k_all, v_all, native_mask]
         return gr.op("Attention", inputs, domain=KERNEL_DOMAIN, hidden=MASK_NEG)
     if k_smooth is not None:
         k_new = gr.op("Mul", [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)])
@@ -139,10 +145,12 @@ def rope_attend(
     mask: str,
     row_select: bool,
     norms: tuple[str, str, float] = ("", "", 0.0),
+    half: bool = False,
 ) -> str:
     """One layer's attention from its Q|K|V matmul rows to the output projection's input rows,
-    as the native `npuchat.RopeAttention` op: the rows' split and rotary, the new K/V rows
-    written into a float32 cache in place (`present_*_i`, bound to the past buffers), and
+    as the native `npuchat.RopeAttention` op (`RopeAttentionF16` when `half`: the cache holds
+    float16, rows rounded as a Cast rounds them): the rows' split and rotary, the new K/V rows
+    written into the cache in place (`present_*_i`, bound to the past buffers), and
     `npuchat.Attention`'s arithmetic over the mask's slots, in one op instead of seventeen (a
     small model's decode step pays per op). `heads`: (H, Hkv); `rope`: its (cos, sin) inputs;
     `row_select`: `row_tokens` / `token_rows` pick the matmuls' rows (module doc of
@@ -156,7 +164,7 @@ def rope_attend(
     while not inputs[-1]:  # optional inputs at the end are left out
         inputs.pop()
     att, _, _ = gr.op(
-        "RopeAttention",
+        "RopeAttentionF16" if half else "RopeAttention",
         inputs,
         outputs=[f"rope_attention_{i}", f"present_k_{i}", f"present_v_{i}"],
         domain=KERNEL_DOMAIN,

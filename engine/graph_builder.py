@@ -57,7 +57,8 @@ weights, and on the CPU residual adds fuse into `SkipSimplifiedLayerNormalizatio
 the norm and its residual Add go into the QMatMul that reads them (`graph_ops.normed_linear`),
 and everything between a layer's Q|K|V matmul and its output projection (row selection, split,
 head norms, rotary, the cache writes, attention) is one `npuchat.RopeAttention`
-(`graph_attention.rope_attend`; `GraphSpec.fused_attention`).
+(`graph_attention.rope_attend`; `GraphSpec.fused_attention`), `RopeAttentionF16` over an f16
+cache (half the bytes a long context's decode step reads, as llama.cpp's default cache).
 
 Sliding-window layers may keep a ring of their own size instead of C rows (`GraphSpec.ring`,
 `kv_ring`): their `past_*_i` are `[B, Hkv, W, dh]`, their mask (`mask_swa`, or `mask` when every
@@ -123,7 +124,7 @@ __all__ = [
 ]
 
 # Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "23"
+BUILDER_VERSION = "24"
 OPSET = 23  # RotaryEmbedding
 
 
@@ -293,11 +294,11 @@ def make_graph(
             qkv = linear(gr, n1, layer.qkv, level, pad)
         fused = inplace and spec.native_kernels and spec.fused_attention
         head_norms = bool(layer.q_norm or layer.k_norm)
-        if fused and spec.kv_dtype == "f32" and (dh % 8 == 0 or not head_norms):
+        if fused and spec.kv_dtype != "int8" and (dh % 8 == 0 or not head_norms):
             norms = (layer.q_norm, layer.k_norm, eps)
-            att = rope_attend(
-                gr, i, qkv, (h, hkv), rotary(local), *cache_io(local), spec.row_select, norms
-            )
+            half = spec.kv_dtype == "f16"
+            cache = (*cache_io(local), spec.row_select, norms, half)
+            att = rope_attend(gr, i, qkv, (h, hkv), rotary(local), *cache)
         else:
             att = attention(i, layer, local, qkv)
         attn_out = post_norm(linear(gr, att, layer.out, level, pad), layer.post_attn_norm)

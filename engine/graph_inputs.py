@@ -37,7 +37,7 @@ class GraphSpec:
     row_select: bool = False  # `token_rows`/`row_tokens` inputs: matmuls skip pad rows (module doc)
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
     attn_window: bool = False  # in place: attention reads the cache's first W slots (W: mask)
-    fused_attention: bool = True  # native, in place, f32: `npuchat.RopeAttention` (rope_attend)
+    fused_attention: bool = True  # native, in place, f32/f16: `npuchat.RopeAttention` (rope_attend)
     regroup_k: bool = True  # native: Q4_K/Q6_K/Q8_0/Q5_0 rows regrouped in eights (`graph_native`)
 
     @classmethod

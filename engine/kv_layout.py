@@ -43,6 +43,8 @@ import numpy as np
 from .errors import NpuchatError
 
 __all__ = [
+    "KV_AUTO",
+    "KV_CHOICES",
     "KV_DTYPES",
     "KVSnapshot",
     "attention_window",
@@ -51,10 +53,25 @@ __all__ = [
     "default_capacities",
     "kv_dtype_of",
     "quantize_rows",
+    "resolve_kv_dtype",
 ]
 
 KV_DTYPES: dict[str, type[np.generic]] = {"f32": np.float32, "f16": np.float16, "int8": np.int8}
 _SCALE_BYTES = 4  # one float32 per (token, head) for int8 rows
+
+
+KV_AUTO = "auto"  # f16 where the native attention reads it in place (the CPU's), else f32
+KV_CHOICES = (KV_AUTO, *KV_DTYPES)  # what a user may ask for
+
+
+def resolve_kv_dtype(name: str, device: str, native_attention: bool) -> str:
+    """The dtype `name` stands for: "auto" is f16 on the CPU with the native kernels (their
+    attention widens half rows in L1: half the memory and the bytes a long context's step
+    reads, as llama.cpp's default cache) and f32 elsewhere (the NPU's graphs keep f32 or int8;
+    ONNX Runtime's own ops would convert the whole cache every step). Others: checked as given."""
+    if name == KV_AUTO:
+        return "f16" if device == "cpu" and native_attention else "f32"
+    return check_kv_dtype(name)
 
 
 def check_kv_dtype(name: str) -> str:

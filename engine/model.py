@@ -25,10 +25,11 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .cpu_graph import open_cpu_graph
 from .cpu_steps import CpuSteps
+from .custom_ops import kernels_for
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .kv_layout import attention_window, check_kv_dtype, default_capacities
+from .kv_layout import attention_window, default_capacities, resolve_kv_dtype
 from .kvcache import KVCache, KVSnapshot
 from .layer_inputs import rope_tables
 from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
@@ -88,7 +89,7 @@ class Model:
         `prefill_chunk`: rows per prefill step; by default 128 on the CPU and, on the NPU, the
         rows of its one step graph (`npu_compile.NPU_STEP_ROWS`: every step pays for them).
         `kv_dtype` is how the cache stores K/V: "f32", "f16" or "int8" (`kv_layout`; the NPU's
-        static graph reads f32 or int8).
+        static graph reads f32 or int8), or "auto" (`kv_layout.resolve_kv_dtype`).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
@@ -96,7 +97,8 @@ class Model:
             prefill_chunk = NPU_STEP_ROWS if device == "npu" else 128
         if prefill_chunk < 1 or verify_k < 0 or batch_max < 1:
             raise NpuchatError("prefill_chunk and batch_max must be ≥ 1 and verify_k ≥ 0")
-        check_kv_dtype(kv_dtype)
+        native = device == "cpu" and kernels_for(accuracy_level).available
+        kv_dtype = resolve_kv_dtype(kv_dtype, device, native)
         if device == "npu" and kv_dtype == "f16":
             raise NpuchatError("the NPU graph keeps f32 or int8 K/V; use one of them")
         self = cls()

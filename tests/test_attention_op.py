@@ -122,9 +122,9 @@ def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window(g: int,
             assert np.array_equal(y, expected), (bi, si)
 
 
-def test_slots_at_or_below_hidden_are_never_read() -> None:
-    """`hidden`: the host's ignore value hides a slot outright; its K/V (NaN here) are not read,
-    and the visible slots' result is numpy's over those slots alone."""
+def test_slots_at_or_below_hidden_never_reach_the_result() -> None:
+    """`hidden`: the host's ignore value hides a slot outright; its K/V (NaN here) never reach
+    the result, and the visible slots' result is numpy's over those slots alone."""
     rng = np.random.default_rng(11)
     feed = inputs(rng, 2, 2, 3, 4, 300, 280, 32)
     feed["mask"][feed["mask"] == -np.inf] = -30000.0

@@ -23,6 +23,7 @@ from test_graphs import CAPS, P, scripted_run
 
 from npuchat.app.cli import main
 from npuchat.app.settings import set_setting
+from npuchat.engine.custom_ops import kernels_for
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.kv_layout import KVSnapshot
@@ -264,7 +265,26 @@ def test_run_takes_kv_dtype_from_the_flag_and_the_config(
     config.write_text(config.read_text().replace('kv_dtype = "int8"', 'kv_dtype = "q4"'))
     assert main(["run", "--model", "syn", "-p", "hi", "-n", "1"]) == 2
     err = capsys.readouterr().err
-    assert "kv_dtype = 'q4' is not one of f32, f16, int8" in err and "Traceback" not in err
+    assert "kv_dtype = 'q4' is not one of auto, f32, f16, int8" in err and "Traceback" not in err
+
+
+def test_auto_is_f16_where_the_native_attention_reads_it_and_f32_elsewhere(
+    synthetic_gguf, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's default: half the cache where `RopeAttentionF16` widens it in place; ONNX
+    Runtime's own ops would convert the whole cache every step, so without the kernels f32."""
+    path = synthetic_gguf("qwen2", "q8_0")
+    if kernels_for(4).available:
+        with _load(path, tmp_path, "auto") as model, _load(path, tmp_path, "f32") as f32:
+            assert model.kv_dtype == "f16"
+            assert 2 * model.kv_bytes_per_token == f32.kv_bytes_per_token
+        with _load(path, tmp_path, "auto", accuracy_level=0) as model:  # ORT's float matmuls
+            assert model.kv_dtype == "f32"
+    monkeypatch.setenv("NPUCHAT_KERNELS", "off")
+    with _load(path, tmp_path, "auto") as model:
+        assert model.kv_dtype == "f32"
+    with pytest.raises(NpuchatError, match="unknown KV dtype 'f8'"):
+        _load(path, tmp_path, "f8")
 
 
 def test_an_int8_prefix_file_without_its_scales_is_refused(tmp_path: Path) -> None:

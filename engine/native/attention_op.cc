@@ -5,9 +5,8 @@
 //            1/sqrt(dh) already applied); k, v float32 [B, Hkv, C, dh] (the cache);
 //            mask float32 [B, 1, S, A], additive, A <= C: the slots the step attends
 //   attrs:   hidden (optional, -inf): a mask value at or below it hides its slot: probability
-//            exactly 0 (the host's "ignore" value); a slot every row hides is never read as
-//            V, nor as K outside the span of slots the rows see, and its values (NaN too)
-//            never reach the output
+//            exactly 0 (the host's "ignore" value); slots outside the span the rows see are
+//            never read, and a hidden slot's values (NaN too) never reach the output
 //   output:  float32 [B, Hkv, G*S, dh]
 //
 // Each query row is computed by the same arithmetic whatever the number of rows, the batch or
@@ -16,10 +15,11 @@
 // max and sum and P.V run over the slots in order, and a slot a row does not see adds exact
 // zeros. So a row's result is the same bit for bit alone, beside any rows and at any A that
 // covers it (verify steps equal decode steps; a decode row beside a prompt's chunk equals it
-// alone). Each K and V element a task reads is loaded once per 16 rows (one broadcast against
-// two vectors of rows), from L1 for every row of the task: prefill chunks run as a blocked
-// matrix product, decode steps read K/V once. Slots outside the span a task's rows see are
-// not read; neither are slots inside it that every row hides, in P.V.
+// alone). Each K and V element a task reads is copied (or, from an f16 cache, widened) into an
+// L1 block once, then loaded once per 16 rows (one broadcast against two vectors of rows):
+// prefill chunks run as a blocked matrix product, decode steps read K/V once. Slots outside
+// the span a task's rows see are not read; neither are blocks of it that every row hides, in
+// P.V.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
@@ -39,11 +39,11 @@
 namespace npuchat_attention {
 
 // ---- portable: one row at a time ----
-void run_task_scalar(void* data, size_t t) {
-  const Job& j = *static_cast<const Job*>(data);
-  const Rows rows(j, t);
-  const float* kh = j.k + rows.bh * j.c * j.dh;
-  const float* vh = j.v + rows.bh * j.c * j.dh;
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return half_to_float(x); }
+
+template <typename T>
+void scalar_rows(const Job& j, const Rows& rows, const T* kh, const T* vh) {
   std::vector<float> p(static_cast<size_t>(j.a));
   for (int64_t i = 0; i < rows.n; ++i) {
     const float* q = rows.q(j, i);
@@ -54,7 +54,7 @@ void run_task_scalar(void* data, size_t t) {
     float max = NEG_INF;
     for (int64_t c = lo; c < hi; ++c) {
       float s = 0.0f;
-      for (int64_t d = 0; d < j.dh; ++d) s += q[d] * kh[c * j.dh + d];
+      for (int64_t d = 0; d < j.dh; ++d) s += q[d] * widen(kh[c * j.dh + d]);
       p[c] = mask[c] <= j.hidden ? NEG_INF : s + mask[c];
       max = std::max(max, p[c]);
     }
@@ -64,9 +64,20 @@ void run_task_scalar(void* data, size_t t) {
       p[c] = std::exp(p[c] - max);
       sum += p[c];
       if (p[c] == 0.0f) continue;
-      for (int64_t d = 0; d < j.dh; ++d) out[d] += p[c] * vh[c * j.dh + d];
+      for (int64_t d = 0; d < j.dh; ++d) out[d] += p[c] * widen(vh[c * j.dh + d]);
     }
     for (int64_t d = 0; d < j.dh; ++d) out[d] /= sum;
+  }
+}
+
+void run_task_scalar(void* data, size_t t) {
+  const Job& j = *static_cast<const Job*>(data);
+  const Rows rows(j, t);
+  const int64_t head = rows.bh * j.c * j.dh;
+  if (j.k16 != nullptr) {
+    scalar_rows(j, rows, j.k16 + head, j.v16 + head);
+  } else {
+    scalar_rows(j, rows, j.k + head, j.v + head);
   }
 }
 
@@ -75,7 +86,8 @@ TaskFn attention_task() {
     const char* force = std::getenv("NPUCHAT_KERNEL_ISA");
     if (force != nullptr && std::string(force) == "scalar") return &run_task_scalar;
     __builtin_cpu_init();
-    const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
     return ok ? &run_task_avx2 : &run_task_scalar;
   }();
   return f;

@@ -11,6 +11,7 @@
 const OrtCustomOp* npuchat_qmatmul_op();         // qmatmul_op.cc
 const OrtCustomOp* npuchat_attention_op();       // attention_op.cc
 const OrtCustomOp* npuchat_rope_attention_op();  // rope_attention_op.cc
+const OrtCustomOp* npuchat_rope_attention_f16_op();
 
 extern "C" {
 
@@ -26,7 +27,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   std::call_once(once, [&] {
     status = api->CreateCustomOpDomain("npuchat", &domain);
     for (const OrtCustomOp* op :
-         {npuchat_qmatmul_op(), npuchat_attention_op(), npuchat_rope_attention_op()}) {
+         {npuchat_qmatmul_op(), npuchat_attention_op(), npuchat_rope_attention_op(),
+          npuchat_rope_attention_f16_op()}) {
       if (status == nullptr) status = api->CustomOpDomain_Add(domain, op);
     }
   });

@@ -14,6 +14,11 @@
 //   outputs: y float32 [N, H dh]; present_k, present_v: the cache with the new rows written
 //            (bound to the past buffers by the host: written in place, else copied first)
 //
+// `npuchat.RopeAttentionF16` is the same op over a float16 cache (past and present K/V): the
+// new rows are rounded to half (nearest even, as a Cast to float16 rounds) as they are written,
+// and attention widens each block of cached rows back to float exactly, so it computes what
+// the f32 op computes over the cache's half values, half the bytes read per step.
+//
 // The numbers are those of the ops it replaces: the head norms as ONNX Runtime's
 // SimplifiedLayerNormalization computes them on x86 (squares summed by fused multiply-adds in
 // eight lanes, the lanes added as (0+4, 1+5, 2+6, 3+7), then pairs, then the two; each value
@@ -141,6 +146,7 @@ struct QJob {
 void rotate_q(void* data, size_t t);
 
 struct RopeAttentionKernel {
+  bool f16 = false;  // a float16 cache (`npuchat.RopeAttentionF16`)
   int64_t h = 0, hkv = 0;
   float hidden = NEG_INF, eps = 0.0f;
   RopeFn rope = chosen_rope();
@@ -168,9 +174,9 @@ struct RopeAttentionKernel {
     if (xs.size() != 2 || cs.size() != 3 || ks.size() != 4 || ms.size() != 4) {
       return error("qkv must be 2-D, cos/sin 3-D, the caches and mask 4-D");
     }
-    const int64_t b = cs[0], s = cs[1], half = cs[2], c = ks[2], dh = ks[3], a = ms[3];
+    const int64_t b = cs[0], s = cs[1], rot = cs[2], c = ks[2], dh = ks[3], a = ms[3];
     const int64_t width = (h + 2 * hkv) * dh, positions = b * s;
-    if (ks[0] != b || ks[1] != hkv || 2 * half != dh || xs[1] != width ||
+    if (ks[0] != b || ks[1] != hkv || 2 * rot != dh || xs[1] != width ||
         pv.GetTensorTypeAndShapeInfo().GetShape() != ks ||
         sin.GetTensorTypeAndShapeInfo().GetShape() != cs || ms[0] != b || ms[1] != 1 ||
         ms[2] != s || a > c) {
@@ -202,19 +208,20 @@ struct RopeAttentionKernel {
     }
     const int64_t n_out = tr != nullptr ? static_cast<int64_t>(count(token_rows)) : positions;
     float* y = ctx.GetOutput(0, {n_out, h * dh}).GetTensorMutableData<float>();
-    float* k = ctx.GetOutput(1, ks).GetTensorMutableData<float>();
-    float* v = ctx.GetOutput(2, ks).GetTensorMutableData<float>();
-    const size_t cache = static_cast<size_t>(b * hkv * c * dh) * sizeof(float);
-    if (k != pk.GetTensorData<float>()) std::memcpy(k, pk.GetTensorData<float>(), cache);
-    if (v != pv.GetTensorData<float>()) std::memcpy(v, pv.GetTensorData<float>(), cache);
+    void* k = ctx.GetOutput(1, ks).GetTensorMutableRawData();
+    void* v = ctx.GetOutput(2, ks).GetTensorMutableRawData();
+    const size_t elem = f16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t cache = static_cast<size_t>(b * hkv * c * dh) * elem;
+    if (k != pk.GetTensorRawData()) std::memcpy(k, pk.GetTensorRawData(), cache);
+    if (v != pv.GetTensorRawData()) std::memcpy(v, pv.GetTensorRawData(), cache);
     if (positions == 0 || dh == 0) return nullptr;
 
     // Q rotated into Attention's layout [B, Hkv, G S, dh] (head hk * G + g, token s: row g S + s)
     const int64_t g = h / hkv, rows = g * s;
     const float* x = qkv.GetTensorData<float>();
     const float *cos_p = cos.GetTensorData<float>(), *sin_p = sin.GetTensorData<float>();
-    std::vector<float> q(static_cast<size_t>(b * h * s * dh)), att(q.size()), tmp(dh);
-    QJob qj{this, x, rt, cos_p, sin_p, qn, q.data(), positions, s, g, width, half, dh};
+    std::vector<float> q(static_cast<size_t>(b * h * s * dh)), att(q.size()), tmp(dh), kr(dh);
+    QJob qj{this, x, rt, cos_p, sin_p, qn, q.data(), positions, s, g, width, rot, dh};
     const size_t q_tasks = static_cast<size_t>((positions + POSITIONS_PER_TASK - 1) /
                                                POSITIONS_PER_TASK);
     if (q_tasks == 1) {
@@ -229,16 +236,32 @@ struct RopeAttentionKernel {
       const int64_t* t = sl + 3 * i;
       const int64_t at = ((t[0] * hkv + t[1]) * c + t[2]) * dh;
       const float* xk = head_row(norm, row + (h + hk) * dh, kn, eps, dh, tmp.data());
-      rope(xk, cos_p + p * half, sin_p + p * half, half, k + at);
-      std::memcpy(v + at, row + (h + hkv + hk) * dh, static_cast<size_t>(dh) * sizeof(float));
+      const float* xv = row + (h + hkv + hk) * dh;
+      if (f16) {
+        rope(xk, cos_p + p * rot, sin_p + p * rot, rot, kr.data());
+        uint16_t* k16 = static_cast<uint16_t*>(k) + at;
+        uint16_t* v16 = static_cast<uint16_t*>(v) + at;
+        for (int64_t d = 0; d < dh; ++d) k16[d] = float_to_half(kr[d]);
+        for (int64_t d = 0; d < dh; ++d) v16[d] = float_to_half(xv[d]);
+      } else {
+        rope(xk, cos_p + p * rot, sin_p + p * rot, rot, static_cast<float*>(k) + at);
+        std::memcpy(static_cast<float*>(v) + at, xv, static_cast<size_t>(dh) * sizeof(float));
+      }
     }
     if (a == 0) {
       std::fill(y, y + n_out * h * dh, 0.0f);
       return nullptr;
     }
     const int64_t row_tasks = (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-    Job job{q.data(), k, v, mask.GetTensorData<float>(), att.data(), hidden,
+    Job job{q.data(), nullptr, nullptr, mask.GetTensorData<float>(), att.data(), hidden,
             hkv, rows, s, c, a, dh, row_tasks};
+    if (f16) {
+      job.k16 = static_cast<const uint16_t*>(k);
+      job.v16 = static_cast<const uint16_t*>(v);
+    } else {
+      job.k = static_cast<const float*>(k);
+      job.v = static_cast<const float*>(v);
+    }
     run_job(context, &job, static_cast<size_t>(b * hkv * row_tasks));
     // Back to token-major rows [position, head * dh], the positions token_rows keeps
     for (int64_t o = 0; o < n_out; ++o) {
@@ -269,9 +292,14 @@ void rotate_q(void* data, size_t t) {
   }
 }
 
-struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp, RopeAttentionKernel, true> {
+// HALF: the float16 cache's op (`npuchat.RopeAttentionF16`).
+template <bool HALF>
+struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp<HALF>, RopeAttentionKernel, true> {
+  static constexpr ONNXTensorElementDataType CACHE =
+      HALF ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
     auto* kn = new RopeAttentionKernel();
+    kn->f16 = HALF;
     OrtStatus* st = api.KernelInfoGetAttribute_int64(info, "num_heads", &kn->h);
     if (st == nullptr) st = api.KernelInfoGetAttribute_int64(info, "kv_heads", &kn->hkv);
     if (st != nullptr) {
@@ -291,24 +319,31 @@ struct RopeAttentionOp : Ort::CustomOpBase<RopeAttentionOp, RopeAttentionKernel,
     *kernel = kn;
     return nullptr;
   }
-  const char* GetName() const { return "RopeAttention"; }
+  const char* GetName() const { return HALF ? "RopeAttentionF16" : "RopeAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 11; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     const bool ints = i == 3 || i == 7 || i == 8;  // slots, row_tokens, token_rows
-    return ints ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (ints) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    return i == 4 || i == 5 ? CACHE : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;  // past_k, past_v
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i >= 7 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : CACHE;
+  }
 };
 
 }  // namespace
 
 // The op for the library's registration entry point (kernels_entry.cc).
 const OrtCustomOp* npuchat_rope_attention_op() {
-  static RopeAttentionOp op;
+  static RopeAttentionOp<false> op;
+  return &op;
+}
+const OrtCustomOp* npuchat_rope_attention_f16_op() {
+  static RopeAttentionOp<true> op;
   return &op;
 }
