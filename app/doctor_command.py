@@ -28,6 +28,7 @@ from npuchat.engine import devices
 from npuchat.engine.custom_ops import kernels_for
 from npuchat.engine.draft_models import VERIFY_K
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.kv_layout import KV_AUTO, resolve_kv_dtype
 from npuchat.engine.npu_sizes import describe
 
 from .context import AppContext
@@ -57,6 +58,7 @@ def machine_report(ctx: AppContext) -> dict[str, Any]:
         },
         "auto": {"device": auto, "note": note},
         "cpu_kernels": _cpu_kernels(),
+        "cpu_kv_cache": _cpu_kv_cache(ctx.settings.kv_dtype),
     }
 
 
@@ -66,6 +68,15 @@ def _cpu_kernels() -> str:
         return kernels_for(4).describe()
     except NpuchatError as exc:
         return str(exc)
+
+
+def _cpu_kv_cache(setting: str) -> str:
+    """How a CPU model's cache stores K/V with the `kv_dtype` setting (what "auto" picks)."""
+    try:
+        dtype = resolve_kv_dtype(setting, "cpu", kernels_for(4).available)
+    except NpuchatError as exc:
+        return str(exc)
+    return f"{dtype} (kv_dtype = {setting})" if setting == KV_AUTO else dtype
 
 
 def model_report(ctx: AppContext, name: str, device: str, console: Console) -> dict[str, Any]:
@@ -199,6 +210,7 @@ def _print(console: Console, machine: dict[str, Any], model: dict[str, Any] | No
     )
     console.print(f"[bold]{'--device auto':16}[/] {machine['auto']['note']}", highlight=False)
     console.print(f"[bold]{'cpu matmuls':16}[/] {machine['cpu_kernels']}", highlight=False)
+    console.print(f"[bold]{'cpu K/V cache':16}[/] {machine['cpu_kv_cache']}", highlight=False)
     if model is None:
         return
     console.print(

@@ -161,8 +161,10 @@ def test_doctor_says_which_kernels_a_cpu_model_runs(
     assert main(["doctor", "--model", "syn-native", "--device", "cpu", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["machine"]["cpu_kernels"].startswith("npuchat GGUF-block kernels")
+    assert report["machine"]["cpu_kv_cache"] == "f16 (kv_dtype = auto)"  # the default
     (graph,) = report["model"]["graphs"]
     assert graph["ops"]["QMatMul"] >= 7 and "MatMulNBits" not in graph["ops"]
     monkeypatch.setenv("NPUCHAT_KERNELS", "off")
     assert main(["doctor"]) == 0
-    assert "MatMulNBits (NPUCHAT_KERNELS=off" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "MatMulNBits (NPUCHAT_KERNELS=off" in out and "f32 (kv_dtype = auto)" in out
