@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from npuchat.engine.kv_layout import KV_CHOICES
+
 WORKER = Path(__file__).with_name("engine_speed_worker.py")
 
 
@@ -107,7 +109,10 @@ def _arguments() -> argparse.Namespace:
         help="NPUCHAT_KERNELS modes to run side by side, e.g. on,off (default: as set)",
     )
     ap.add_argument(
-        "--kv-dtype", default="auto", help="the K/V cache's dtype (default auto: as the app's)"
+        "--kv-dtype",
+        default="auto",
+        choices=KV_CHOICES,
+        help="the K/V cache's dtype (default auto: as the app's)",
     )
     ap.add_argument("--json", metavar="FILE", type=Path, help="write the whole run to FILE")
     ap.add_argument("--table", metavar="FILE", type=Path, help="print the README table of a run")

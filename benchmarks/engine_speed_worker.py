@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from npuchat.engine.kv_layout import KV_CHOICES
+
 DECODE_TOKENS = 32
 
 
@@ -232,7 +234,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--floor", action="store_true")
     ap.add_argument("--no-row-padding", action="store_true")
-    ap.add_argument("--kv-dtype", default="auto")
+    ap.add_argument("--kv-dtype", default="auto", choices=KV_CHOICES)
     ap.add_argument(  # isa_ab.py: 128 alone (the 1024 prefill would double a run's time)
         "--contexts", type=lambda v: [int(c) for c in v.split(",")], default=[128, 1024]
     )

@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from npuchat.engine.bench_timers import machine_info
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.layer_inputs import MASK_NEG
 
@@ -113,7 +114,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    lib = kernel_library()
+    lib, info = kernel_library(), machine_info()
+    print(
+        f"{info.cpu} ({', '.join(info.cpu_flags)}), {info.cores} cores, load {info.load_average_1m}"
+    )
     print(
         f"{args.layers} layers, {args.heads} heads / {args.kv_heads} KV heads, dh {args.dh}, "
         f"{args.threads} thread(s), kernels {lib.isa}, cache {CAPACITY} slots per layer"

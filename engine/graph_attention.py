@@ -111,15 +111,14 @@ def attend_inplace(
     own slots only. An f16 cache's first A slots are widened by a Cast for it (what
     `RopeAttentionF16` computes, bit for bit, without the copy).
     """
-    if native_mask is not None and kv[0] == "f32":
-        k_all = gr.op("ScatterND", [f"past_k_{i}", slots, k_new], outputs=[f"present_k_{i}"])
-        v_all = gr.op("ScatterND", [f"past_v_{i}", slots, v_new], outputs=[f"present_v_{i}"])
-        inputs = [q, k_all, v_all, native_mask]  # MASK_NEG: the slot is hidden, never read
-        return gr.op("Attention", inputs, domain=KERNEL_DOMAIN, hidden=MASK_NEG)
-    if native_mask is not None and kv[0] == "f16":  # the window's slots widened, then as f32
-        k_all, _ = _store_rows(gr, i, "k", k_new, *kv, slots, window)
-        v_all, _ = _store_rows(gr, i, "v", v_new, *kv, slots, window)
-        inputs = [q, k_all, v_all, native_mask]
+    if native_mask is not None and kv[0] in ("f32", "f16"):
+        if kv[0] == "f32":  # read in place
+            k_all = gr.op("ScatterND", [f"past_k_{i}", slots, k_new], outputs=[f"present_k_{i}"])
+            v_all = gr.op("ScatterND", [f"past_v_{i}", slots, v_new], outputs=[f"present_v_{i}"])
+        else:  # the window's slots widened
+            k_all, _ = _store_rows(gr, i, "k", k_new, *kv, slots, window)
+            v_all, _ = _store_rows(gr, i, "v", v_new, *kv, slots, window)
+        inputs = [q, k_all, v_all, native_mask]  # a slot at MASK_NEG never reaches the result
         return gr.op("Attention", inputs, domain=KERNEL_DOMAIN, hidden=MASK_NEG)
     if k_smooth is not None:
         k_new = gr.op("Mul", [k_new, _per_channel(gr, f"k_inv_smooth_{i}", 1.0 / k_smooth)])

@@ -59,6 +59,7 @@ SOURCES = (
     "kernels_entry.cc",
 )
 HEADERS = (
+    "half.h",
     "qblocks.h",
     "qdot_x86.h",
     "q4k_x8_x86.h",

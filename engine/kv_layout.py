@@ -65,13 +65,15 @@ KV_CHOICES = (KV_AUTO, *KV_DTYPES)  # what a user may ask for
 
 
 def resolve_kv_dtype(name: str, device: str, native_attention: bool) -> str:
-    """The dtype `name` stands for: "auto" is f16 on the CPU with the native kernels (their
-    attention widens half rows in L1: half the memory and the bytes a long context's step
-    reads, as llama.cpp's default cache) and f32 elsewhere (the NPU's graphs keep f32 or int8;
-    ONNX Runtime's own ops would convert the whole cache every step). Others: checked as given."""
-    if name == KV_AUTO:
-        return "f16" if device == "cpu" and native_attention else "f32"
-    return check_kv_dtype(name)
+    """The dtype `name` stands for on `device`: "auto" is f16 where the native attention runs
+    (`native_attention`: the CPU with the kernels; it widens half rows in L1: half the memory
+    and the bytes a long context's step reads, as llama.cpp's default cache) and f32 elsewhere
+    (ONNX Runtime's own ops would convert the whole cache every step). Others are checked as
+    given; the NPU's graphs keep f32 or int8, so f16 there is a one-line error."""
+    dtype = ("f16" if native_attention else "f32") if name == KV_AUTO else check_kv_dtype(name)
+    if device == "npu" and dtype == "f16":
+        raise NpuchatError("the NPU graph keeps f32 or int8 K/V; use one of them")
+    return dtype
 
 
 def check_kv_dtype(name: str) -> str:

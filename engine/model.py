@@ -88,8 +88,8 @@ class Model:
         `batch_max` is the number of KV slots (sequences the cache holds side by side).
         `prefill_chunk`: rows per prefill step; by default 128 on the CPU and, on the NPU, the
         rows of its one step graph (`npu_compile.NPU_STEP_ROWS`: every step pays for them).
-        `kv_dtype` is how the cache stores K/V: "f32", "f16" or "int8" (`kv_layout`; the NPU's
-        static graph reads f32 or int8), or "auto" (`kv_layout.resolve_kv_dtype`).
+        `kv_dtype`: how the cache stores K/V, "auto", "f32", "f16" or "int8" (the NPU's static
+        graph reads f32 or int8; `kv_layout.resolve_kv_dtype`).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
@@ -99,8 +99,6 @@ class Model:
             raise NpuchatError("prefill_chunk and batch_max must be ≥ 1 and verify_k ≥ 0")
         native = device == "cpu" and kernels_for(accuracy_level).available
         kv_dtype = resolve_kv_dtype(kv_dtype, device, native)
-        if device == "npu" and kv_dtype == "f16":
-            raise NpuchatError("the NPU graph keeps f32 or int8 K/V; use one of them")
         self = cls()
         self.path = Path(gguf_path).expanduser().resolve()
         self.device, self.batch_max = device, int(batch_max)
@@ -142,9 +140,9 @@ class Model:
         self._kv = KVCache.for_model(cfg, caps, self.batch_max, kv_dtype, steps)
         report("hashing model", 0.0)
         self.sha256 = model_sha256(self.path, cache_dir)
+        self._graph_cache = GraphCache(cache_dir)
+        t0 = time.perf_counter()
         if device == "npu":
-            self._graph_cache = GraphCache(cache_dir)
-            t0 = time.perf_counter()
             self._npu = NpuGraphs.load(
                 self.path,
                 cfg,
@@ -161,10 +159,7 @@ class Model:
                 kv_dtype=kv_dtype,
             )
             self.graph_dir = self._npu.folder
-            self.load_seconds = time.perf_counter() - t0
         else:
-            self._graph_cache = GraphCache(cache_dir)
-            t0 = time.perf_counter()
             opened = open_cpu_graph(
                 self.path,
                 cfg,
@@ -178,7 +173,7 @@ class Model:
             self.graph_dir, session = opened.folder, opened.session
             self.kernels, self.released_bytes = opened.kernels, opened.released_bytes
             self._session = session
-            self.load_seconds = time.perf_counter() - t0
+        self.load_seconds = time.perf_counter() - t0
         if self._session is not None:
             self._cpu = CpuSteps(self._session, cfg, self._kv)
             # a model never closed still drops its bindings first, at exit (`CpuSteps.close`)

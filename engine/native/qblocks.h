@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "half.h"
+
 namespace npq {
 
 // ggml type ids (gguf GGMLQuantizationType) of the weight blocks the kernels read.
@@ -77,30 +79,7 @@ inline void block_sum(ActBlock* y) {
   y->sum = y->d * static_cast<float>(s);
 }
 
-// IEEE half -> float without F16C (the portable path; the AVX2 path converts in hardware).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal half: normalise
-    exp = 113;
-    while ((man & 0x400u) == 0) {
-      man <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+using npuchat_half::half_to_float;
 
 inline float load_half(const uint8_t* p) {
   uint16_t h;
