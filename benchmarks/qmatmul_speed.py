@@ -3,13 +3,20 @@ real weight matrices, side by side, alternating, in one process.
 
     python benchmarks/qmatmul_speed.py MODEL.gguf [--rows 1,2,4,16] [--repeats 15] [--threads 2]
         [--tensors blk.0.attn_q.weight,blk.0.ffn_up.weight,blk.0.ffn_down.weight,output.weight]
+        [--layout grouped|rows]
 
 Both sides get the same weights, the same input rows and a 2-thread session: QMatMul reads the
-blocks as they are in the file; MatMulNBits gets what `engine.graph_weights` writes for them
-(4-bit with the block-offset Gemm for Q4_K, Q6_K requantized to 8-bit) with `accuracy_level=4`,
-as the engine runs it. For each matrix and row count it prints wall and process CPU time per
-call (min / median over the repeats) and the ratio MatMulNBits / QMatMul (> 1: QMatMul faster).
-On a loaded machine trust CPU time more than wall time. A script that prints figures.
+blocks as the engine lays them out (`--layout grouped`: Q4_K, Q6_K, Q8_0 and Q5_0 rows regrouped
+in eights for the eight-row kernels, `graph_native.regroup_rows`; `rows`: as they are in the
+file, what the other types and a matrix whose rows are not a multiple of 16 get); MatMulNBits
+gets what `engine.graph_weights` writes for them (4-bit with the block-offset Gemm for Q4_K,
+Q6_K requantized to 8-bit) with `accuracy_level=4`, as the engine runs it. For each matrix and
+row count it prints wall and process CPU time per call (min / median over the repeats) and the
+ratio MatMulNBits / QMatMul (> 1: QMatMul faster). The sessions' threads do not spin between
+runs (two sessions run alternately: one's spinning threads took the cores from the other's).
+The weights are small enough to stay in L3 between calls: this measures the kernels' compute,
+not a decode step's memory reads. On a loaded machine trust CPU time more than wall time. A
+script that prints figures.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gguf import GGMLQuantizationType
+
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.graph_native import regroup_rows
 from npuchat.engine.quant import decode_tensor, pack_nbits
 
 DEFAULT_TENSORS = "blk.0.attn_q.weight,blk.0.ffn_up.weight,blk.0.ffn_down.weight,output.weight"
@@ -50,18 +60,22 @@ def _session(nodes: list, inits: list, k: int, n: int, threads: int, custom: boo
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # module doc
     if custom:
         register_kernels(so, kernel_library())
     model = helper.make_model(graph, opset_imports=opsets)
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def qmatmul_session(raw: np.ndarray, qtype: int, n: int, k: int, threads: int):
+def qmatmul_session(raw: np.ndarray, qtype: GGMLQuantizationType, n: int, k: int, threads: int,
+                    grouped: bool):  # fmt: skip
+    rows = np.ascontiguousarray(raw).reshape(n, -1)
+    x8 = regroup_rows(rows, qtype) if grouped and n % 16 == 0 else None
     node = helper.make_node(
-        "QMatMul", ["x", "w"], ["y"], domain=DOMAIN, ggml_type=qtype, N=n, K=k,
-        scale=1.0, scaled_rows=0,
+        "QMatMul", ["x", "w"], ["y"], domain=DOMAIN, ggml_type=int(qtype), N=n, K=k,
+        scale=1.0, scaled_rows=0, layout=0 if x8 is None else 1,
     )  # fmt: skip
-    w = numpy_helper.from_array(np.ascontiguousarray(raw).reshape(n, -1), "w")
+    w = numpy_helper.from_array(rows if x8 is None else x8, "w")
     return _session([node], [w], k, n, threads, custom=True)
 
 
@@ -103,6 +117,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,16")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layout", choices=["grouped", "rows"], default="grouped")
     args = ap.parse_args()
     os.environ.setdefault("NPUCHAT_KERNELS", "on")
     lib = kernel_library()
@@ -121,7 +136,7 @@ def main() -> None:
         info = g.tensors.get(name) or g.tensors.get("token_embd.weight")
         k, n = info.shape[0], int(np.prod(info.shape[1:]))
         raw = g.raw(info.name)
-        q = qmatmul_session(raw, int(info.ggml_type), n, k, args.threads)
+        q = qmatmul_session(raw, info.ggml_type, n, k, args.threads, args.layout == "grouped")
         b, bits = nbits_session(raw, info.ggml_type, n, k, args.threads)
         for m in rows:
             x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)

@@ -2,7 +2,7 @@
 // builds: one 32-byte load holds a four-element group of all eight rows, four activations
 // broadcast to every lane meet it in one NPQ_DOT_ADD, each int32 lane sums one row's block
 // exactly, and the float step is the plain rows' (qblocks.h), so a regrouped row gives the bits
-// of the same row unregrouped. Included after q4k_x8_x86.h (bcast4).
+// of the same row unregrouped. Included after qdot_x86.h.
 #pragma once
 
 namespace npq {
@@ -48,7 +48,7 @@ NPQ_AVX2 void q8_0_x8_rows(const Q8X8* w, const uint8_t* const* x, int nb, float
 #if NPQ_INT16_SUMS
         sumi[r][g % C] = NPQ_DOT_ADD(sumi[r][g % C], u, _mm256_sign_epi8(bcast4(y), v));
 #else
-        sumi[r][g % C] = NPQ_DOT_ADD(sumi[r][g % C], u, bcast4(y));
+        sumi[r][g % C] = dot_bcast(sumi[r][g % C], u, y);
 #endif
       }
     }
@@ -97,8 +97,8 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
         sumi[r][0] = _mm256_add_epi16(sumi[r][0], _mm256_maddubs_epi16(lo, bcast4(y)));
         sumi[r][1] = _mm256_add_epi16(sumi[r][1], _mm256_maddubs_epi16(hi, bcast4(y + 16)));
 #else
-        sumi[r][(2 * g) % C] = NPQ_DOT_ADD(sumi[r][(2 * g) % C], lo, bcast4(y));
-        sumi[r][(2 * g + 1) % C] = NPQ_DOT_ADD(sumi[r][(2 * g + 1) % C], hi, bcast4(y + 16));
+        sumi[r][(2 * g) % C] = dot_bcast(sumi[r][(2 * g) % C], lo, y);
+        sumi[r][(2 * g + 1) % C] = dot_bcast(sumi[r][(2 * g + 1) % C], hi, y + 16);
 #endif
       }
     }

@@ -9,12 +9,6 @@ namespace npq {
 
 namespace {
 
-NPQ_AVX2 inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
 // The block's minima term M of the eight rows: minima . activation sums, sub-block pairs by madd.
 NPQ_AVX2 inline __m256i x8_minima(const Q4KX8& q, const ActSuper& y) {
   __m256i m = _mm256_setzero_si256();
@@ -31,7 +25,7 @@ NPQ_AVX2 inline __m256i x8_minima(const Q4KX8& q, const ActSuper& y) {
 // AVX2: a sub-block's eight four-element groups summed as int16 lanes (each maddubs pair is at
 // most 2 * 15 * 127 in magnitude, eight of them 30,480 < 2^15), then one madd with the rows'
 // scales: the int32 sums of the VNNI path below, exactly, in about half the instructions.
-#define NPQ_X8_ACC(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
+#define NPQ_X8_BACC(acc, u, p) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, bcast4(p)))
 
 // sums += dots (int16 pairs) * the rows' scales of sub-block s (row i: int16 lanes 2i, 2i + 1).
 NPQ_AVX2 inline __m256i x8_scaled(__m256i sums, __m256i dots, const Q4KX8& q, int s) {
@@ -39,7 +33,7 @@ NPQ_AVX2 inline __m256i x8_scaled(__m256i sums, __m256i dots, const Q4KX8& q, in
   return _mm256_add_epi32(sums, _mm256_madd_epi16(dots, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc))));
 }
 #else
-#define NPQ_X8_ACC(acc, u, s) NPQ_DOT_ADD(acc, u, s)
+#define NPQ_X8_BACC(acc, u, p) dot_bcast(acc, u, p)
 
 // sums += dots * the rows' scales of sub-block s.
 NPQ_AVX2 inline __m256i x8_scaled(__m256i sums, __m256i dots, const Q4KX8& q, int s) {
@@ -74,8 +68,8 @@ NPQ_AVX2 void q4_k_x8_one(const Q4KX8* w, const ActSuper* x, int nb, float* out)
         const __m256i raw = load32(q.qs[j][g]);
         const __m256i lo = _mm256_and_si256(raw, m4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-        dots[2 * j] = NPQ_X8_ACC(dots[2 * j], lo, bcast4(y + 64 * j + 4 * g));
-        dots[2 * j + 1] = NPQ_X8_ACC(dots[2 * j + 1], hi, bcast4(y + 64 * j + 32 + 4 * g));
+        dots[2 * j] = NPQ_X8_BACC(dots[2 * j], lo, y + 64 * j + 4 * g);
+        dots[2 * j + 1] = NPQ_X8_BACC(dots[2 * j + 1], hi, y + 64 * j + 32 + 4 * g);
       }
     }
     __m256i sumi = _mm256_setzero_si256();
@@ -105,8 +99,8 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
         for (int r = 0; r < R; ++r) {
           const int8_t* y = reinterpret_cast<const ActSuper*>(x[r])[b].qs + 64 * j + 4 * g;
-          lo_dots[r] = NPQ_X8_ACC(lo_dots[r], lo, bcast4(y));
-          hi_dots[r] = NPQ_X8_ACC(hi_dots[r], hi, bcast4(y + 32));
+          lo_dots[r] = NPQ_X8_BACC(lo_dots[r], lo, y);
+          hi_dots[r] = NPQ_X8_BACC(hi_dots[r], hi, y + 32);
         }
       }
       for (int r = 0; r < R; ++r) {
@@ -142,7 +136,7 @@ NPQ_AVX2 void q4_k_x8(const uint8_t* w, const uint8_t* const* x, int rows, int n
   }
 }
 
-#undef NPQ_X8_ACC
+#undef NPQ_X8_BACC
 
 }  // namespace
 

@@ -75,7 +75,7 @@ NPQ_AVX2 void q6_k_x8_rows(const Q6KX8* w, const uint8_t* const* x, int nb, floa
           for (int r = 0; r < R; ++r) {
             const int8_t* y = reinterpret_cast<const ActSuper*>(x[r])[b].qs + 128 * half + 4 * g;
             for (int qq = 0; qq < 4; ++qq) {
-              dots[r][qq] = NPQ_DOT_ADD(dots[r][qq], v.v[qq], bcast4(y + 32 * qq));
+              dots[r][qq] = dot_bcast(dots[r][qq], v.v[qq], y + 32 * qq);
             }
           }
         }

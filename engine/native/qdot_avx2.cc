@@ -27,6 +27,9 @@
 #ifndef NPQ_INT16_SUMS
 #define NPQ_INT16_SUMS 0
 #endif
+#ifndef NPQ_EVEX_BCAST
+#define NPQ_EVEX_BCAST 0
+#endif
 // Activation rows the eight-row kernels take in one pass over a group's weights: four where the
 // target has 16 vector registers; qdot_avx512.cc (32 of them) takes eight.
 #ifndef NPQ_X8_PASS

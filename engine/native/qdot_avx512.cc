@@ -10,4 +10,5 @@
 #define NPQ_DOT_ADD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #define NPQ_PAIRS_ADD(acc, pairs, scales) _mm256_dpwssd_epi32(acc, pairs, scales)
 #define NPQ_X8_PASS 8  // 32 vector registers: eight activation rows a pass
+#define NPQ_EVEX_BCAST 1  // dot_bcast: vpdpbusd with an embedded broadcast (qdot_x86.h)
 #include "qdot_avx2.cc"

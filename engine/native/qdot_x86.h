@@ -1,6 +1,6 @@
 // The AVX2 building blocks of qdot_avx2.cc (and of its VNNI builds, qdot_vnni.cc): horizontal
-// sums, halves, loads, the integer dots over NPQ_DOT_ADD / NPQ_PAIRS_ADD, nibble and bit
-// unpacking. Included after NPQ_AVX2 (the target attribute) and those two are defined.
+// sums, halves, loads and broadcasts, the integer dots over NPQ_DOT_ADD / NPQ_PAIRS_ADD, nibble
+// and bit unpacking. Included after NPQ_AVX2 (the target attribute) and those two are defined.
 #pragma once
 #include <immintrin.h>
 
@@ -55,6 +55,31 @@ NPQ_AVX2 inline float half(const uint8_t* p) {
 
 NPQ_AVX2 inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// The four bytes at p in every 32-bit lane.
+NPQ_AVX2 inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// acc + u . bcast4(p) (unsigned . signed bytes, as NPQ_DOT_ADD). With AVX-512 (NPQ_EVEX_BCAST)
+// one vpdpbusd reads the four bytes itself (an embedded {1to8} broadcast) and adds in place:
+// GCC 12 gave the eight-row kernels a vpbroadcastd per dot and two register copies around
+// each vpdpbusd, which made eight activation rows a pass cost ~1.7x these (qmatmul microbench).
+NPQ_AVX2 inline __m256i dot_bcast(__m256i acc, __m256i u, const int8_t* p) {
+#if NPQ_EVEX_BCAST
+  struct Four {
+    int8_t b[4];
+  };
+  __asm__("vpdpbusd %2%{1to8%}, %1, %0"
+          : "+v"(acc)
+          : "v"(u), "m"(*reinterpret_cast<const Four*>(p)));
+  return acc;
+#else
+  return NPQ_DOT_ADD(acc, u, bcast4(p));
+#endif
 }
 
 // Signed int8 . signed int8 over 32 lanes -> 8 int32 partial sums.

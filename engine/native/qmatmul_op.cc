@@ -112,9 +112,11 @@ npq::DotCols cols_for(const Kernels& k, int type) {
   }
 }
 
-// Output features [t * tile, (t + 1) * tile) for every row, in blocks of BLOCK_N weight rows:
-// within a block each group of MAX_ROWS activation rows meets every weight row while both sit
-// in L1 (a weight row is unpacked once per group; activations are read once per block).
+// Output features [t * tile, (t + 1) * tile) for every row: each group of MAX_ROWS activation
+// rows meets the tile's weight rows in blocks of BLOCK_N, the group outside, so its activations
+// stay in L1 while the tile's weights (~32 KiB) come from L2. (Blocks outside re-read every
+// group from L2 for each block: a 128-row prefill chunk of the 1.5B's ffn_up ran 1.25x longer
+// in the qmatmul microbench, eight-row kernels with the embedded broadcast, qdot_x86.h.)
 constexpr int64_t BLOCK_N = 16;
 
 // Activation rows `rows` (count of them) . weight rows [n0, n0 + len), len <= BLOCK_N, into
@@ -160,13 +162,13 @@ void run_tile(void* data, size_t t) {
   const uint8_t* rows[npq::MAX_ROWS];
   float out[npq::MAX_ROWS * BLOCK_N], up[npq::MAX_ROWS * BLOCK_N];
   const int64_t block = j.paired ? 8 : BLOCK_N;  // paired: gate then up group, in file order
-  for (int64_t b0 = n0; b0 < n1; b0 += block) {
-    const int len = static_cast<int>(std::min(n1, b0 + block) - b0);
-    for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
-      const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
-      for (int i = 0; i < count; ++i) {
-        rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
-      }
+  for (int64_t r0 = 0; r0 < j.m; r0 += npq::MAX_ROWS) {
+    const int count = static_cast<int>(std::min<int64_t>(npq::MAX_ROWS, j.m - r0));
+    for (int i = 0; i < count; ++i) {
+      rows[i] = j.act + static_cast<size_t>(r0 + i) * j.act_row_bytes;
+    }
+    for (int64_t b0 = n0; b0 < n1; b0 += block) {
+      const int len = static_cast<int>(std::min(n1, b0 + block) - b0);
       products(j, b0, len, rows, count, nb, out);
       if (j.glu) products(j, width + b0, len, rows, count, nb, up);  // the up rows
       for (int i = 0; i < count; ++i) {
