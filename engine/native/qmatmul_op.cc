@@ -336,11 +336,16 @@ struct QMatMulKernel {
     } else {
       ctx.ParallelFor(quantize_rows, quant_tasks, 0, &quant);
     }
-    // About 32 KiB of weights per task: enough work to hide the hand-off, small enough that two
-    // threads share a 1,536-row matrix evenly.
+    // Weights per task: a few activation rows (decode) read each weight once, so a task's
+    // share is a run of memory: an eighth of the matrix, 32-512 KiB (two threads streaming
+    // 32 KiB runs in turn read ~25 GB/s here, 512 KiB runs ~35). More rows (prefill) take
+    // 32 KiB: the tile is read again from L2 for every eight rows (run_tile).
     const int64_t rows_per_output = glu ? 2 : 1;
     const uint8_t* wd = w.GetTensorData<uint8_t>();
-    int64_t tile = std::max<int64_t>(4, static_cast<int64_t>(32768 / row_bytes) / rows_per_output);
+    const int64_t matrix = static_cast<int64_t>(row_bytes) * n;
+    const int64_t run =
+        m > npq::MAX_ROWS ? 32768 : std::clamp<int64_t>(matrix / 8, 32768, 524288);
+    int64_t tile = std::max<int64_t>(4, run / static_cast<int64_t>(row_bytes) / rows_per_output);
     if (x8 || paired) tile = (tile + 7) / 8 * 8;  // whole groups or pairs of eight rows
     Job job{&kern,  type, m, n, k, tile, x8 ? nullptr : wd, row_bytes, act.data(), act_row,
             y.GetTensorMutableData<float>(), scale, scaled_rows, bias, glu, x8 ? wd : nullptr,
