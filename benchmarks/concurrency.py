@@ -15,7 +15,9 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 * the longest gap between two tokens of a streaming reply while another conversation prefills a
   ~2,000-token prompt (`--paste-tokens`), from the paste's arrival until its request has ended
   and the stream has decoded three more tokens (what the paste's end costs counts too), against
-  that stream's median gap before the prefill started (printed plainly at the end per model);
+  that stream's median gap before the prefill started (printed plainly at the end per model),
+  and against its median gap over `AFTER_TOKENS` tokens once the paste has ended (alone again, at
+  the length it reached: a stream's own steps get dearer as it grows, paste or not);
   the same from the per-step trace in process CPU time (a busy machine stretches wall time, not
   that; at 2 threads it counts ORT's spinning too: read it at `--threads 1`), also each mixed
   step against the stream's plain decode steps nearest it (the stream grows by a token a step
@@ -64,6 +66,7 @@ from npuchat.engine.step_trace import log as step_log
 LONG_TOKENS = 2000
 PASTE_TOKENS = [LONG_TOKENS]  # the paste's length (`--paste-tokens`)
 AGGREGATE_ROUNDS = 3  # rounds of 1, 2 and 4 streams (`aggregate_figures`)
+AFTER_TOKENS = 24  # the stream's tokens after the paste, alone again (`paste_gaps`)
 PROMPTS = [
     "Write a detailed essay about the history of computing, from the abacus to modern GPUs.",
     "Explain, step by step and at length, how a compiler turns source code into machine code.",
@@ -285,15 +288,22 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
     while len(streaming.times) < n_end and streaming.is_alive():  # ended (what its end costs)
         time.sleep(0.01)
     t_done = streaming.times[-1]
+    n_after = len(streaming.times) + AFTER_TOKENS  # then alone again, at the length it reached
+    while len(streaming.times) < n_after and streaming.is_alive():
+        time.sleep(0.01)
     streaming.cancel.set()
     streaming.join()
     pairs = list(zip(streaming.times, streaming.times[1:], strict=False))
     before = [b - a for a, b in pairs if b <= t_long]
     during = [b - a for a, b in pairs if t_long < b <= t_done]
+    after = [b - a for a, b in pairs if b > t_done]
     out["gap_normal_s"] = statistics.median(before)
     out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
     out["gap_median_during_prefill_s"] = statistics.median(during) if during else float("nan")
     out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
+    if after:  # the stream's usual gap at the length it reached: its own steps grew meanwhile
+        out["gap_normal_after_s"] = statistics.median(after)
+        out["gap_x_own_length"] = out["gap_max_during_prefill_s"] / out["gap_normal_after_s"]
     out["long_prefill_ttft_s"] = t_first - t_long
     # the same in process CPU time, which a busy machine does not stretch: the dearest step
     # while the prompt was read, against the stream's decode steps before it
@@ -398,6 +408,12 @@ def main() -> None:
                 f"{1e3 * figures['gap_max_during_prefill_s']:.0f} ms, the stream's median gap "
                 f"before it {1e3 * figures['gap_normal_s']:.0f} ms: {figures['gap_x']:.2f}x "
                 f"(median gap meanwhile {1e3 * figures['gap_median_during_prefill_s']:.0f} ms)"
+            )
+        if "gap_x_own_length" in figures:
+            print(
+                f"{name}: the same against the stream's median gap once alone again at the "
+                f"length it reached, {1e3 * figures['gap_normal_after_s']:.0f} ms: "
+                f"{figures['gap_x_own_length']:.2f}x"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
