@@ -9,19 +9,18 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 
 * aggregate decode tok/s with 1, 2 and 4 streams started together (tokens of all streams
   inside the window where every stream is decoding, over that window), and the ratios to one
-  (three rounds of the three, ratios within each round; the median and the rounds' range);
+  (five rounds of the three, ratios within each round; the median and the rounds' range);
 * per-stream decode tok/s of an interactive reply while a background reply runs, against the
   same reply alone;
 * the longest gap between two tokens of a streaming reply while another conversation prefills a
   ~2,000-token prompt (`--paste-tokens`), from the paste's arrival until its request has ended
   and the stream has decoded three more tokens (what the paste's end costs counts too), against
-  that stream's median gap before the prefill started (printed plainly at the end per model),
-  and against its median gap over `AFTER_TOKENS` tokens once the paste has ended (alone again, at
-  the length it reached: a stream's own steps get dearer as it grows, paste or not);
+  that stream's median gap before the prefill started (printed plainly at the end per model);
   the same from the per-step trace in process CPU time (a busy machine stretches wall time, not
   that; at 2 threads it counts ORT's spinning too: read it at `--threads 1`), also each mixed
-  step against the stream's plain decode steps nearest it (the stream grows by a token a step
-  meanwhile, and its own steps with it); and how long the prompt took against it alone;
+  step against the stream's plain decode steps nearest it, in CPU and in wall time (the stream
+  grows by a token a step meanwhile, and its own steps with it); and how long the prompt took
+  against it alone;
 * TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
   against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
   prefix store and back); and that turn again after a restart (its KV read back from disk);
@@ -65,8 +64,8 @@ from npuchat.engine.step_trace import log as step_log
 
 LONG_TOKENS = 2000
 PASTE_TOKENS = [LONG_TOKENS]  # the paste's length (`--paste-tokens`)
-AGGREGATE_ROUNDS = 3  # rounds of 1, 2 and 4 streams (`aggregate_figures`)
-AFTER_TOKENS = 24  # the stream's tokens after the paste, alone again (`paste_gaps`)
+AGGREGATE_ROUNDS = 5  # rounds of 1, 2 and 4 streams (`aggregate_figures`)
+USUAL_TOKENS = 32  # the stream's tokens before the paste comes: its usual gap (`paste_gaps`)
 PROMPTS = [
     "Write a detailed essay about the history of computing, from the abacus to modern GPUs.",
     "Explain, step by step and at length, how a compiler turns source code into machine code.",
@@ -278,7 +277,7 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
     text = long_text(engine, PASTE_TOKENS[0])
     streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
     streaming.start()
-    while len(streaming.times) < 12:
+    while len(streaming.times) < USUAL_TOKENS:
         time.sleep(0.01)
     t_long = time.perf_counter()
     big = Stream(engine, request("paste", text, 2))
@@ -288,22 +287,15 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
     while len(streaming.times) < n_end and streaming.is_alive():  # ended (what its end costs)
         time.sleep(0.01)
     t_done = streaming.times[-1]
-    n_after = len(streaming.times) + AFTER_TOKENS  # then alone again, at the length it reached
-    while len(streaming.times) < n_after and streaming.is_alive():
-        time.sleep(0.01)
     streaming.cancel.set()
     streaming.join()
     pairs = list(zip(streaming.times, streaming.times[1:], strict=False))
     before = [b - a for a, b in pairs if b <= t_long]
     during = [b - a for a, b in pairs if t_long < b <= t_done]
-    after = [b - a for a, b in pairs if b > t_done]
     out["gap_normal_s"] = statistics.median(before)
     out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
     out["gap_median_during_prefill_s"] = statistics.median(during) if during else float("nan")
     out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
-    if after:  # the stream's usual gap at the length it reached: its own steps grew meanwhile
-        out["gap_normal_after_s"] = statistics.median(after)
-        out["gap_x_own_length"] = out["gap_max_during_prefill_s"] / out["gap_normal_after_s"]
     out["long_prefill_ttft_s"] = t_first - t_long
     # the same in process CPU time, which a busy machine does not stretch: the dearest step
     # while the prompt was read, against the stream's decode steps before it
@@ -314,19 +306,27 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
         out["step_cpu_max_x"] = cpu[-1] / out["step_cpu_usual_s"]
         out["step_cpu_p99_x"] = cpu[int(0.99 * (len(cpu) - 1))] / out["step_cpu_usual_s"]
     # the stream grows by a token a step while the prompt is read (its own steps get dearer
-    # with its length): each mixed step against the plain decode steps nearest it in time
+    # with its length): each mixed step against the plain decode steps nearest it in time, by
+    # CPU time and by wall time (the latter what the stream's reader waits)
     during_steps = [r for t, r in steps.steps if t_long < t <= t_done]
-    plain = [(i, r.cpu_s) for i, r in enumerate(during_steps) if r.kind == "decode"]
-    own = []
-    for i, r in enumerate(during_steps):
-        near = sorted(plain, key=lambda p: abs(p[0] - i))[:9]
-        if r.kind == "mixed" and near:
-            own.append(r.cpu_s / statistics.median(c for _, c in near))
-    if own:
-        own.sort()
-        out["step_cpu_x_own_median"] = statistics.median(own)
-        out["step_cpu_x_own_p99"] = own[int(0.99 * (len(own) - 1))]
-        out["step_cpu_x_own_max"] = own[-1]
+    for clock in ("cpu", "wall"):
+        plain = [
+            (i, step_seconds(r, clock)) for i, r in enumerate(during_steps) if r.kind == "decode"
+        ]
+        own = []
+        for i, r in enumerate(during_steps):
+            near = sorted(plain, key=lambda p: abs(p[0] - i))[:9]
+            if r.kind == "mixed" and near:
+                own.append(step_seconds(r, clock) / statistics.median(c for _, c in near))
+        if own:
+            own.sort()
+            out[f"step_{clock}_x_own_median"] = statistics.median(own)
+            out[f"step_{clock}_x_own_p99"] = own[int(0.99 * (len(own) - 1))]
+            out[f"step_{clock}_x_own_max"] = own[-1]
+
+
+def step_seconds(r: StepRecord, clock: str) -> float:
+    return r.cpu_s if clock == "cpu" else r.wall_s
 
 
 def switch_figures(path: Path, cache: Path, threads: int, out: Figures) -> None:
@@ -408,12 +408,6 @@ def main() -> None:
                 f"{1e3 * figures['gap_max_during_prefill_s']:.0f} ms, the stream's median gap "
                 f"before it {1e3 * figures['gap_normal_s']:.0f} ms: {figures['gap_x']:.2f}x "
                 f"(median gap meanwhile {1e3 * figures['gap_median_during_prefill_s']:.0f} ms)"
-            )
-        if "gap_x_own_length" in figures:
-            print(
-                f"{name}: the same against the stream's median gap once alone again at the "
-                f"length it reached, {1e3 * figures['gap_normal_after_s']:.0f} ms: "
-                f"{figures['gap_x_own_length']:.2f}x"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
