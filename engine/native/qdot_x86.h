@@ -67,7 +67,7 @@ NPQ_AVX2 inline __m256i bcast4(const int8_t* p) {
 // acc + u . bcast4(p) (unsigned . signed bytes, as NPQ_DOT_ADD). With AVX-512 (NPQ_EVEX_BCAST)
 // one vpdpbusd reads the four bytes itself (an embedded {1to8} broadcast) and adds in place:
 // GCC 12 gave the eight-row kernels a vpbroadcastd per dot and two register copies around
-// each vpdpbusd, which made eight activation rows a pass cost ~1.7x these (qmatmul microbench).
+// each vpdpbusd: an eight-row Q4_K pass took 1.7-2x as long (README, "Latest figures").
 NPQ_AVX2 inline __m256i dot_bcast(__m256i acc, __m256i u, const int8_t* p) {
 #if NPQ_EVEX_BCAST
   struct Four {

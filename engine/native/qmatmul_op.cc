@@ -114,9 +114,9 @@ npq::DotCols cols_for(const Kernels& k, int type) {
 
 // Output features [t * tile, (t + 1) * tile) for every row: each group of MAX_ROWS activation
 // rows meets the tile's weight rows in blocks of BLOCK_N, the group outside, so its activations
-// stay in L1 while the tile's weights (~32 KiB) come from L2. (Blocks outside re-read every
-// group from L2 for each block: a 128-row prefill chunk of the 1.5B's ffn_up ran 1.25x longer
-// in the qmatmul microbench, eight-row kernels with the embedded broadcast, qdot_x86.h.)
+// stay in L1 while the tile's weights (~32 KiB) come from L2. (Blocks outside read every
+// group's activations from L2 again for each block: 128 rows of the 1.5B's ffn_up took ~1.25x
+// as long with the eight-row kernels of qdot_x86.h's dot_bcast.)
 constexpr int64_t BLOCK_N = 16;
 
 // Activation rows `rows` (count of them) . weight rows [n0, n0 + len), len <= BLOCK_N, into
