@@ -67,8 +67,9 @@ def _session(nodes: list, inits: list, k: int, n: int, threads: int, custom: boo
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def qmatmul_session(raw: np.ndarray, qtype: GGMLQuantizationType, n: int, k: int, threads: int,
-                    grouped: bool):  # fmt: skip
+def qmatmul_session(
+    raw: np.ndarray, qtype: GGMLQuantizationType, n: int, k: int, threads: int, grouped: bool
+):
     rows = np.ascontiguousarray(raw).reshape(n, -1)
     x8 = regroup_rows(rows, qtype) if grouped and n % 16 == 0 else None
     node = helper.make_node(

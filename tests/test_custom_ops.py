@@ -22,7 +22,7 @@ from synthetic import ggml_type
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.graph_native import regroup_rows
+from npuchat.engine.graph_native import pair_halves, regroup_rows
 from npuchat.engine.kernel_build import build_kernels
 
 if shutil.which("g++") is None or shutil.which("npm") is None:
@@ -137,6 +137,28 @@ def test_leading_dimensions_and_the_scaled_rows() -> None:
     ref = reference(x.reshape(6, K), raw, qtype)
     ref[:, :24] *= 0.125
     assert np.abs(y.reshape(6, N) - ref).max() / np.abs(ref).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q8_0"])
+def test_a_matrix_split_into_many_tasks_gives_every_output(name: str) -> None:
+    """A matrix big enough to be split into several tasks, their last one short: decode steps
+    (up to eight rows) share it out in runs of an eighth of the matrix, prefill chunks in ~32 KiB
+    tiles crossed by each group of eight rows (`run_tile`). Every output of the regrouped and of
+    the regrouped, paired gate|up layout against numpy, at every row count, on two threads."""
+    qtype = ggml_type(name)
+    n, k = 528, 1024  # 528 rows (264 outputs with glu): no task size divides them
+    raw = blocks(weights(n, k, seed=21), qtype)
+    x = np.random.default_rng(22).standard_normal((19, k)).astype(np.float32)
+    ref = reference(x, raw, qtype)
+    grouped = session(regroup_rows(raw, qtype), qtype, k, threads=2, layout=1)
+    glu = session(regroup_rows(pair_halves(raw), qtype), qtype, k, glu=1, layout=1, paired=1)
+    gate, up = ref[:, : n // 2], ref[:, n // 2 :]
+    swiglu = gate / (1 + np.exp(-gate)) * up
+    for rows in (1, 3, 8, 9, 19):  # one decode row, a batch, a pass, two passes, a chunk
+        y = grouped.run(None, {"x": x[:rows]})[0]
+        assert np.abs(y - ref[:rows]).max() / np.abs(ref).max() < TOLERANCE, rows
+        y = glu.run(None, {"x": x[:rows]})[0]
+        assert np.abs(y - swiglu[:rows]).max() / np.abs(swiglu).max() < TOLERANCE, rows
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q5_0"])
