@@ -1,7 +1,7 @@
 """The native matmul kernels as an ONNX Runtime custom-op library, and whether to use them.
 
 `npuchat.QMatMul` multiplies float activations by a weight matrix kept as the GGUF's own blocks
-(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: llama.cpp's byte budget; Q4_K, Q6_K, Q8_0 and Q5_0 rows
+(Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: llama.cpp's byte budget; all but Q4_0 with their rows
 regrouped eight at a time, `graph_native.regroup_rows`), quantizing each activation row to int8
 blocks as llama.cpp does; AVX2+FMA kernels where the CPU has them, portable ones elsewhere. Each
 output is computed by the same steps whatever the number of rows, so a row never depends on the

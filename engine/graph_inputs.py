@@ -38,7 +38,7 @@ class GraphSpec:
     native_kernels: bool = False  # QMatMul on the GGUF's blocks where it covers the type
     attn_window: bool = False  # in place: attention reads the cache's first W slots (W: mask)
     fused_attention: bool = True  # native, in place, f32/f16: `npuchat.RopeAttention` (rope_attend)
-    regroup_k: bool = True  # native: Q4_K/Q6_K/Q8_0/Q5_0 rows regrouped in eights (`graph_native`)
+    regroup_k: bool = True  # native: rows of every type but Q4_0 in eights (`graph_native`)
 
     @classmethod
     def cpu(

@@ -6,11 +6,12 @@ to prepack at load. Row operations the graph needs stay exact on blocks: a row p
 (llama's rotary layout) or a split (fused Q|K|V) moves whole rows; attention's 1/sqrt(dh) on Q
 becomes the op's `scale` over the first `scaled_rows` outputs instead of new block scales.
 
-Q4_K, Q6_K, Q8_0 and Q5_0 matrices are the exception (`regroup_rows`): their rows are regrouped
-eight at a time into the layouts of the kernels' eight-row dot products (`Q4KX8`, `Q6KX8`,
-`Q8X8`, `Q5X8` in `native/qblocks.h`), which read each weight byte once for eight rows' sums:
-~1.7-2x the prefill and less CPU per decode step than the GGUF's rows, for a copy in the graph
-cache (Q4_K 2.8% larger than its blocks, the others the same size). A SwiGLU's gate|up rows of
+Q4_K, Q6_K, Q8_0, Q5_0 and Q4_1 matrices are the exception (`regroup_rows`): their rows are
+regrouped eight at a time into the layouts of the kernels' eight-row dot products (`Q4KX8`,
+`Q6KX8`, `Q8X8`, `Q5X8`, `Q41X8` in `native/qblocks.h`), which read each weight byte once for
+eight rows' sums: ~1.7-2x the prefill and less CPU per decode step than the GGUF's rows (Q4_1,
+SmolLM2's type: decode ~1.4x, prefill ~1.9x), for a copy in the graph cache (Q4_K 2.8%
+larger than its blocks, the others the same size). A SwiGLU's gate|up rows of
 any type are paired in eights (`pair_halves`) so that the fused op reads an output's two rows
 from one stream.
 """
@@ -42,6 +43,7 @@ _X8_BYTES = {
     GGMLQuantizationType.Q6_K: 1680,  # 8 x 210
     GGMLQuantizationType.Q8_0: 272,  # 8 x 34
     GGMLQuantizationType.Q5_0: 176,  # 8 x 22
+    GGMLQuantizationType.Q4_1: 160,  # 8 x 20
 }
 
 
@@ -110,10 +112,10 @@ def pair_halves(data: np.ndarray) -> np.ndarray:
 
 
 def regroup_rows(data: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray | None:
-    """Rows `[n, row_bytes]` (n a multiple of 8) of Q4_K, Q6_K, Q8_0 or Q5_0 as `[n / 8, ...]`
-    bytes in the eight-row layout of their type (`Q4KX8`, ... in `native/qblocks.h`), written by
-    the kernel library (`native/regroup.cc`; numpy took ~1.5 s of a first start for it); None
-    for the types the kernels read as the GGUF's rows (Q4_0, Q4_1)."""
+    """Rows `[n, row_bytes]` (n a multiple of 8) of Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1 as
+    `[n / 8, ...]` bytes in the eight-row layout of their type (`Q4KX8`, ... in
+    `native/qblocks.h`), written by the kernel library (`native/regroup.cc`; numpy took ~1.5 s
+    of a first start for it); None for the type the kernels read as the GGUF's rows (Q4_0)."""
     group_bytes = _X8_BYTES.get(ggml_type)
     if group_bytes is None:
         return None

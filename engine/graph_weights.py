@@ -169,8 +169,8 @@ def _store_linear(
     glu: bool = False,
 ) -> list[Linear]:
     """Write matrices as fused groups of one kind each (output order is preserved);
-    `want_groups`: Q4_K, Q6_K, Q8_0 and Q5_0 groups whose rows come in sixteens (so that gate
-    and up halves do in eights too) are written regrouped for the eight-row kernels; `glu`: the
+    `want_groups`: groups of every type but Q4_0 whose rows come in sixteens (so that gate and
+    up halves do in eights too) are written regrouped for the eight-row kernels; `glu`: the
     matrices are gate and up of an MLP whose op computes silu(gate) * up
     (`graph_ops.glu_fuses`), and a single group of them is written with gate and up rows
     alternating in eights (`graph_native.pair_halves`)."""

@@ -23,7 +23,7 @@ from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.graph_native import pair_halves, regroup_rows
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q6_k"]
-REGROUPED = ("q4_k", "q6_k", "q8_0", "q5_0")  # the types whose rows may come in eights
+REGROUPED = ("q4_k", "q6_k", "q8_0", "q5_0", "q4_1")  # the types whose rows may come in eights
 N, K = 80, 512  # N is not a multiple of the op's task size
 
 
@@ -120,7 +120,7 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
 
 def layout_mismatches() -> list[str]:
     """Rows as the graph builder may write them must give the numbers of the GGUF's rows at
-    every row count: Q4_K, Q6_K, Q8_0 and Q5_0 regrouped eight at a time (`regroup_rows`,
+    every row count: Q4_K, Q6_K, Q8_0, Q5_0 and Q4_1 regrouped eight at a time (`regroup_rows`,
     layout 1), and a SwiGLU's gate|up rows paired in eights (`pair_halves`, `paired`), for every
     type. The cases that differ."""
     mismatches = []

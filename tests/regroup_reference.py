@@ -1,4 +1,4 @@
-"""The eight-row layouts of `native/qblocks.h` (Q4KX8, Q6KX8, Q8X8, Q5X8) written with numpy,
+"""The eight-row layouts of `native/qblocks.h` (Q4KX8, Q6KX8, Q8X8, Q5X8, Q41X8) written with numpy,
 independently of the library's `npuchat_regroup` (`native/regroup.cc`, what the graph build
 uses): the reference its bytes are checked against (`tests/test_custom_ops.py`). The engine
 used these until they cost 1.5-1.6 s of a first start (strided copies of four-byte runs)."""
@@ -17,6 +17,7 @@ _Q6K_BYTES = 210  # a Q6_K block: 128 low-nibble bytes, 64 of high bit pairs, 16
 _Q6X8_BYTES = 1680  # a regrouped Q6_K block of eight rows (sizeof(Q6KX8)): 8 x 210
 _Q8_0_BYTES = 34  # fp16 d, 32 int8
 _Q5_0_BYTES = 22  # fp16 d, 4 bytes of fifth bits, 16 nibble bytes
+_Q4_1_BYTES = 20  # fp16 d, fp16 m, 16 nibble bytes
 _CHUNK_GROUPS = 4096  # groups regrouped at a time where numpy needs temporaries per element
 
 
@@ -141,6 +142,22 @@ def regroup_q5_0(data: np.ndarray) -> np.ndarray:
     return out.reshape(n // GROUP, nb * 8 * _Q5_0_BYTES)
 
 
+def regroup_q4_1(data: np.ndarray) -> np.ndarray:
+    """Q4_1 rows `[n, nb * 20]` (n a multiple of 8) as `[n / 8, nb * 160]` bytes, `Q41X8`'s
+    layout: per group of eight rows and per block, the rows' d, their minima m, then the nibble
+    bytes in runs of four per row (`qs[g][row][4]`: bytes 4g..4g+3 of the row's nibbles)."""
+    n, row_bytes = data.shape
+    nb = row_bytes // _Q4_1_BYTES
+    groups = n // GROUP
+    b = data.reshape(groups, GROUP, nb, _Q4_1_BYTES).transpose(0, 2, 1, 3)  # [g, blk, row, byte]
+    out = np.empty((groups, nb, 8 * _Q4_1_BYTES), np.uint8)
+    out[..., 0:16] = b[..., 0:2].reshape(groups, nb, 16)
+    out[..., 16:32] = b[..., 2:4].reshape(groups, nb, 16)
+    runs = b[..., 4:20].reshape(groups, nb, GROUP, 4, 4).transpose(0, 1, 3, 2, 4)
+    out[..., 32:] = runs.reshape(groups, nb, 128)
+    return out.reshape(groups, nb * 8 * _Q4_1_BYTES)
+
+
 def reference_regroup(data: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:
     """`data`'s rows in the eight-row layout of their type."""
     return {
@@ -148,4 +165,5 @@ def reference_regroup(data: np.ndarray, ggml_type: GGMLQuantizationType) -> np.n
         GGMLQuantizationType.Q6_K: regroup_q6_k,
         GGMLQuantizationType.Q8_0: regroup_q8_0,
         GGMLQuantizationType.Q5_0: regroup_q5_0,
+        GGMLQuantizationType.Q4_1: regroup_q4_1,
     }[ggml_type](data)

@@ -139,7 +139,7 @@ def test_leading_dimensions_and_the_scaled_rows() -> None:
     assert np.abs(y.reshape(6, N) - ref).max() / np.abs(ref).max() < TOLERANCE
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q8_0"])
+@pytest.mark.parametrize("name", ["q4_k", "q8_0", "q4_1"])
 def test_a_matrix_split_into_many_tasks_gives_every_output(name: str) -> None:
     """A matrix big enough to be split into several tasks, their last one short: decode steps
     (up to eight rows) share it out in runs of an eighth of the matrix, prefill chunks in ~32 KiB
@@ -244,12 +244,12 @@ def test_inputs_that_do_not_fit_are_refused_with_a_reason() -> None:
         session(raw[:-1].copy(), qtype, K, N=N - 1, glu=1)
     with pytest.raises(Exception, match="glu must be 0 or 1"):
         session(raw, qtype, K, glu=2)
-    q41 = ggml_type("q4_1")
-    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0 or Q5_0"):
-        session(blocks(weights(), q41), q41, K, layout=1)  # Q4_1 rows are never regrouped
+    q40 = ggml_type("q4_0")
+    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1"):
+        session(blocks(weights(), q40), q40, K, layout=1)  # Q4_0 rows are never regrouped
     q4k = ggml_type("q4_k")
     grouped = regroup_rows(blocks(weights(), q4k), q4k)
-    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0 or Q5_0 and N"):
+    with pytest.raises(Exception, match=r"layout 1 .* needs Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1 and N"):
         session(grouped, q4k, K, layout=1, N=N - 4)
     with pytest.raises(Exception, match="paired gate/up rows need glu"):
         session(raw, qtype, K, paired=1)
@@ -300,7 +300,7 @@ def test_a_damaged_library_in_the_cache_is_refused_not_loaded_or_deleted(
     assert damaged.read_bytes() == bytes(data)  # left for the user to look at
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0"])
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q8_0", "q5_0", "q4_1"])
 def test_the_library_regroups_rows_as_the_numpy_reference_does(name: str) -> None:
     """`npuchat_regroup` (what the graph build writes) against the layouts written with numpy:
     any bytes (random blocks, not just quantized ones), several groups and blocks."""

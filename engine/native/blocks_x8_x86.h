@@ -1,5 +1,5 @@
-// Q8_0 and Q5_0 on eight regrouped rows (Q8X8, Q5X8; qblocks.h) for qdot_avx2.cc and its VNNI
-// builds: one 32-byte load holds a four-element group of all eight rows, four activations
+// Q8_0, Q5_0 and Q4_1 on eight regrouped rows (Q8X8, Q5X8, Q41X8; qblocks.h) for qdot_avx2.cc
+// and its VNNI builds: one 32-byte load holds a four-element group of all eight rows, four activations
 // broadcast to every lane meet it in one NPQ_DOT_ADD, each int32 lane sums one row's block
 // exactly, and the float step is the plain rows' (qblocks.h), so a regrouped row gives the bits
 // of the same row unregrouped. Included after qdot_x86.h.
@@ -117,6 +117,59 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
+// Q4_1's nibbles (0..15) straight into NPQ_DOT_ADD: each row's block integer exactly. The
+// minima's chain (qblocks.h) is a second pass over the blocks' m once the dots are done, so the
+// pass over the nibbles holds no more registers than Q5_0's.
+template <int R, int C>
+NPQ_AVX2 void q4_1_x8_rows(const Q41X8* w, const uint8_t* const* x, int nb, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0xF);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const Q41X8& q = w[b];
+    prefetch_ahead(w, b);
+    __m256i sumi[R][C];  // AVX2: [0] and [1] the int16 sums of the low and the high nibbles
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m256i raw = load32(q.qs[g]);
+      const __m256i lo = _mm256_and_si256(raw, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
+#if NPQ_INT16_SUMS  // AVX2: four groups' maddubs pairs (each |.| <= 2 * 15 * 127) fit int16
+        sumi[r][0] = _mm256_add_epi16(sumi[r][0], _mm256_maddubs_epi16(lo, bcast4(y)));
+        sumi[r][1] = _mm256_add_epi16(sumi[r][1], _mm256_maddubs_epi16(hi, bcast4(y + 16)));
+#else
+        sumi[r][(2 * g) % C] = dot_bcast(sumi[r][(2 * g) % C], lo, y);
+        sumi[r][(2 * g + 1) % C] = dot_bcast(sumi[r][(2 * g + 1) % C], hi, y + 16);
+#endif
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
+#if NPQ_INT16_SUMS
+      const __m256i ones = _mm256_set1_epi16(1);
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sumi[r][0], ones),
+                                         _mm256_madd_epi16(sumi[r][1], ones));
+#else
+      const __m256i s = chains_sum<C>(sumi[r]);
+#endif
+      acc[r] = x8_block_step(q.d, s, dx, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const ActBlock* y = reinterpret_cast<const ActBlock*>(x[r]);
+    __m256 off = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].m)));
+      off = _mm256_fmadd_ps(m, _mm256_set1_ps(y[b].sum), off);
+    }
+    _mm256_storeu_ps(out + 8 * r, _mm256_add_ps(acc[r], off));
+  }
+}
+
 // rows (1..MAX_ROWS) activation rows, NPQ_X8_PASS at a time.
 #if NPQ_X8_PASS == 8
 #define NPQ_X8_WIDE_CASES(Kernel)                  \
@@ -143,6 +196,7 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
   }
 NPQ_X8_ROWS(q8_0_x8, Q8X8, q8_0_x8_rows)
 NPQ_X8_ROWS(q5_0_x8, Q5X8, q5_0_x8_rows)
+NPQ_X8_ROWS(q4_1_x8, Q41X8, q4_1_x8_rows)
 #undef NPQ_X8_ROWS
 #undef NPQ_X8_WIDE_CASES
 

@@ -134,7 +134,9 @@ static_assert(sizeof(Q6KX8) == 1680, "Q6KX8 must stay packed");
 
 // A Q8_0 or Q5_0 row's result, on every table and in both layouts: per block the exact integer
 // S = (signed weights) . activations, then acc = fma(float(S), d * d_x, acc) block by block.
-// (Q4_0 and Q4_1, never regrouped, keep llama.cpp's eight float lanes per block.)
+// Q4_1's the same over its unsigned nibbles, plus its minimum m times the activations' block sum
+// in a second chain, off = fma(m, d_x * sum(qs), off), and acc + off at the end. (Q4_0, never
+// regrouped, keeps llama.cpp's eight float lanes per block.)
 //
 // Q8_0 rows regrouped eight at a time (regroup.cc): per block the rows' d, then per
 // four-element group one 32-byte run of four weights per row, each stored plus 128 (w ^ 0x80):
@@ -156,7 +158,16 @@ struct Q5X8 {
 };
 static_assert(sizeof(Q5X8) == 176, "Q5X8 must stay packed");
 
-// Eight regrouped rows (nb Q4KX8, Q6KX8, Q8X8 or Q5X8 blocks) . `rows` activation rows
+// Q4_1 rows regrouped eight at a time (regroup.cc): per block the rows' d, their minima m, then
+// the nibble bytes in runs of four per row as Q5X8's (run g: elements 4g + t low, 16 + 4g + t
+// high): the GGUF's 20 bytes a row, rearranged.
+struct Q41X8 {
+  uint16_t d[8], m[8];
+  uint8_t qs[4][32];  // [four-element group][row][4 nibble bytes]
+};
+static_assert(sizeof(Q41X8) == 160, "Q41X8 must stay packed");
+
+// Eight regrouped rows (nb Q4KX8, Q6KX8, Q8X8, Q5X8 or Q41X8 blocks) . `rows` activation rows
 // (1..MAX_ROWS): out[8 * r + i] = row i . x[r], by the steps above.
 using DotX8 = void (*)(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out);
 
@@ -184,7 +195,7 @@ struct Kernels {
   QuantizeBlocks quantize_blocks;
   QuantizeSupers quantize_supers;
   DotCols q4_0_cols, q4_1_cols, q5_0_cols, q8_0_cols, q4_k_cols, q6_k_cols;
-  DotX8 q4_k_x8, q6_k_x8, q8_0_x8, q5_0_x8;
+  DotX8 q4_k_x8, q6_k_x8, q8_0_x8, q5_0_x8, q4_1_x8;
 };
 
 const Kernels& scalar_kernels();

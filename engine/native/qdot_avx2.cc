@@ -52,9 +52,9 @@ NPQ_AVX2 inline const Act* act(const uint8_t* const* x, int r) {
 
 // The 32-element types: `Unpack(w)` gives the block's 32 weights as bytes; `Signed` says whether
 // they are signed (multiplied with dot_i8) or unsigned (maddubs directly); `Offset` adds the
-// block minimum times the activation sum (Q4_1); `Exact`: the block's integer summed exactly and
-// one scalar fma per block (Q8_0, Q5_0: the regrouped rows' steps, qblocks.h), else llama.cpp's
-// eight float lanes.
+// block minimum times the activation sum in a chain of its own (Q4_1); `Exact`: the block's
+// integer summed exactly and one scalar fma per block (Q8_0, Q5_0, Q4_1: the regrouped rows'
+// steps, qblocks.h), else llama.cpp's eight float lanes (Q4_0).
 template <int R, int Bytes, __m256i (*Unpack)(const uint8_t*), bool Signed, bool Offset,
           bool Exact>
 NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
@@ -72,13 +72,13 @@ NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, flo
       const __m256i s = Signed ? dot_i8(q, load32(y.qs)) : dot_u8(q, load32(y.qs));
       if (Exact) {
         exact[r] = fma_ss(static_cast<float>(hsum_i32(s)), d * y.d, exact[r]);
+        if (Offset) offsets[r] = fma_ss(half(w + 2), y.sum, offsets[r]);
         continue;
       }
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(s), acc[r]);
-      if (Offset) offsets[r] += half(w + 2) * y.sum;
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = Exact ? exact[r] : hsum(acc[r]) + offsets[r];
+  for (int r = 0; r < R; ++r) out[r] = !Exact ? hsum(acc[r]) : Offset ? exact[r] + offsets[r] : exact[r];
 }
 
 NPQ_AVX2 inline __m256i unpack_q8_0(const uint8_t* w) { return load32(w + 2); }
@@ -229,7 +229,7 @@ NPQ_AVX2 void by_rows(const uint8_t* w, const uint8_t* const* x, int rows, int n
   };
 NPQ_ROWS(Q8_0K, blocks_rows<R, 34, unpack_q8_0, true, false, true>)
 NPQ_ROWS(Q4_0K, blocks_rows<R, 18, unpack_q4_0, true, false, false>)
-NPQ_ROWS(Q4_1K, blocks_rows<R, 20, unpack_q4_1, false, true, false>)
+NPQ_ROWS(Q4_1K, blocks_rows<R, 20, unpack_q4_1, false, true, true>)
 NPQ_ROWS(Q5_0K, blocks_rows<R, 22, unpack_q5_0, true, false, true>)
 NPQ_ROWS(Q4_KK, q4_k_rows<R>)
 NPQ_ROWS(Q6_KK, q6_k_rows<R>)
@@ -245,14 +245,13 @@ NPQ_ROWS(Q6_KK, q6_k_rows<R>)
 // blocks_rows' exact steps (Q8_0, Q5_0).
 template <int C, int Bytes, __m256i (*Unpack)(const uint8_t*), int Shift, bool Offset, bool Exact>
 NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int nb, float* out) {
+  static_assert(Exact || !Offset, "the offset chain is one of the exact steps");
   const ActBlock* y = reinterpret_cast<const ActBlock*>(x);
   __m256 acc[C];
-  __m128 offsets[C];  // lane 1: the blocks' minimum * activation sum, added block by block
-  float exact[C];
+  float exact[C], offsets[C];
   for (int c = 0; c < C; ++c) {
     acc[c] = _mm256_setzero_ps();
-    offsets[c] = _mm_setzero_ps();
-    exact[c] = 0.0f;
+    exact[c] = offsets[c] = 0.0f;
   }
   for (int b = 0; b < nb; ++b) {
     const __m256i yq = load32(y[b].qs);
@@ -260,22 +259,14 @@ NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int
     if (Shift != 0) {
       ybias = _mm256_sub_epi32(ybias, _mm256_slli_epi32(dot_u8(_mm256_set1_epi8(1), yq), Shift));
     }
-    // [d, sum] of the activation block: times the weight block's [d, m], one multiply gives
-    // both of blocks_rows' scalar products.
-    const __m128 ypair = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(&y[b].d)));
     for (int c = 0; c < C; ++c) {
       const uint8_t* wb = w + c * stride + static_cast<size_t>(b) * Bytes;
       const __m256i q = Unpack(wb);
       const __m256i s = Shift == 0 ? (Offset ? dot_u8(q, yq) : dot_i8(q, yq))
                                    : NPQ_DOT_ADD(ybias, q, yq);
-      if (Offset) {
-        uint32_t dm;
-        std::memcpy(&dm, wb, 4);
-        const __m128 prod = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm))), ypair);
-        acc[c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(s), acc[c]);
-        offsets[c] = _mm_add_ps(offsets[c], prod);
-      } else if (Exact) {
+      if (Exact) {
         exact[c] = fma_ss(static_cast<float>(hsum_i32(s)), half(wb) * y[b].d, exact[c]);
+        if (Offset) offsets[c] = fma_ss(half(wb + 2), y[b].sum, offsets[c]);
       } else {
         const __m256 d = _mm256_set1_ps(half(wb) * y[b].d);
         acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
@@ -283,8 +274,7 @@ NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int
     }
   }
   for (int c = 0; c < C; ++c) {
-    out[c] = Exact ? exact[c]
-                   : hsum(acc[c]) + (Offset ? _mm_cvtss_f32(_mm_movehdup_ps(offsets[c])) : 0.0f);
+    out[c] = !Exact ? hsum(acc[c]) : Offset ? exact[c] + offsets[c] : exact[c];
   }
 }
 
@@ -319,7 +309,7 @@ NPQ_AVX2 inline __m256i unpack_q5_0_plus16(const uint8_t* w) {
 }
 NPQ_COLS(q8_0_cols, blocks_cols<C, 34, unpack_q8_0, 0, false, true>)
 NPQ_COLS(q4_0_cols, blocks_cols<C, 18, unpack_q4_0_plus8, 3, false, false>)
-NPQ_COLS(q4_1_cols, blocks_cols<C, 20, unpack_q4_1, 0, true, false>)
+NPQ_COLS(q4_1_cols, blocks_cols<C, 20, unpack_q4_1, 0, true, true>)
 NPQ_COLS(q5_0_cols, blocks_cols<C, 22, unpack_q5_0_plus16, 4, false, true>)
 #undef NPQ_COLS
 
@@ -375,7 +365,7 @@ const Kernels* NPQ_ENTRY() {
                          by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
                          quantize_supers, q4_0_cols,      q4_1_cols,       q5_0_cols,
                          q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>, q4_k_x8,
-                         q6_k_x8,         q8_0_x8,         q5_0_x8};
+                         q6_k_x8,         q8_0_x8,         q5_0_x8,         q4_1_x8};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                   __builtin_cpu_supports("f16c") && NPQ_CPU_HAS;

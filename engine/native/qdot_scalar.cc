@@ -62,14 +62,31 @@ float dot_q4_0(const uint8_t* w, const ActBlock* x, int nb) {
 }
 
 float dot_q4_1(const uint8_t* w, const ActBlock* x, int nb) {
-  float acc = 0.0f;
+  float acc = 0.0f, off = 0.0f;
   for (int b = 0; b < nb; ++b, w += 20) {
     const uint8_t* q = w + 4;
     int s = 0;
     for (int j = 0; j < 16; ++j) s += (q[j] & 0xF) * x[b].qs[j] + (q[j] >> 4) * x[b].qs[j + 16];
-    acc += load_half(w) * x[b].d * static_cast<float>(s) + load_half(w + 2) * x[b].sum;
+    acc = std::fma(static_cast<float>(s), load_half(w) * x[b].d, acc);
+    off = std::fma(load_half(w + 2), x[b].sum, off);
   }
-  return acc;
+  return acc + off;
+}
+
+// Row i of eight regrouped rows (Q41X8) . one activation row: dot_q4_1's integers and steps.
+float dot_q4_1_x8(const Q41X8* w, int i, const ActBlock* x, int nb) {
+  float acc = 0.0f, off = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    const Q41X8& q = w[b];
+    int s = 0;
+    for (int e = 0; e < QK; ++e) {
+      const uint8_t byte = q.qs[(e % 16) / 4][4 * i + e % 4];
+      s += (e < 16 ? (byte & 0xF) : (byte >> 4)) * x[b].qs[e];
+    }
+    acc = std::fma(static_cast<float>(s), half_to_float(q.d[i]) * x[b].d, acc);
+    off = std::fma(half_to_float(q.m[i]), x[b].sum, off);
+  }
+  return acc + off;
 }
 
 float dot_q5_0(const uint8_t* w, const ActBlock* x, int nb) {
@@ -276,7 +293,8 @@ const Kernels& scalar_kernels() {
                          q4_k_x8,
                          q6_k_x8,
                          blocks_x8<Q8X8, dot_q8_0_x8>,
-                         blocks_x8<Q5X8, dot_q5_0_x8>};
+                         blocks_x8<Q5X8, dot_q5_0_x8>,
+                         blocks_x8<Q41X8, dot_q4_1_x8>};
   return k;
 }
 

@@ -10,8 +10,8 @@
 //            glu (optional, 0): 1 = the rows are gate|up of a SwiGLU MLP and the output is
 //            silu(gate) * up, N / 2 wide (the Split, Sigmoid and two Muls it replaces);
 //            epsilon (optional, with norm): RMSNorm's epsilon; layout (optional, 0): 1 = W holds
-//            Q4_K, Q6_K, Q8_0 or Q5_0 rows regrouped eight at a time (N / 8 groups of K / block
-//            Q4KX8, Q6KX8, Q8X8 or Q5X8 blocks, qblocks.h);
+//            Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1 rows regrouped eight at a time (N / 8 groups of
+//            K / block Q4KX8, Q6KX8, Q8X8, Q5X8 or Q41X8 blocks, qblocks.h);
 //            paired (optional, 0): 1 = with glu, gate rows 8i..8i+7 are followed by up rows
 //            8i..8i+7 (an output's two rows come from one stream)
 //   outputs: y float32 [..., N] (glu: [..., N / 2]); optional sum float32 [..., K]: x + skip
@@ -54,6 +54,7 @@ size_t x8_block_bytes(int type) {
     case npq::Q6_K: return sizeof(npq::Q6KX8);
     case npq::Q8_0: return sizeof(npq::Q8X8);
     case npq::Q5_0: return sizeof(npq::Q5X8);
+    case npq::Q4_1: return sizeof(npq::Q41X8);
     default: return 0;
   }
 }
@@ -63,6 +64,7 @@ npq::DotX8 x8_kernel_for(const Kernels& k, int type) {
     case npq::Q4_K: return k.q4_k_x8;
     case npq::Q6_K: return k.q6_k_x8;
     case npq::Q8_0: return k.q8_0_x8;
+    case npq::Q4_1: return k.q4_1_x8;
     default: return k.q5_0_x8;
   }
 }
@@ -233,7 +235,7 @@ struct QMatMulKernel {
     const bool groups = x8_block_bytes(type) != 0;
     if (layout != 0 && !(x8 && groups && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
       return error(ORT_INVALID_ARGUMENT,
-                   "layout 1 (rows regrouped in eights) needs Q4_K, Q6_K, Q8_0 or Q5_0 and N "
+                   "layout 1 (rows regrouped in eights) needs Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1 and N "
                    "(N / 2 with glu) a multiple of 8; layout 0 is the GGUF's rows");
     }
     if (paired && !(glu && (n / 2) % 8 == 0)) {

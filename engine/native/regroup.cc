@@ -1,5 +1,5 @@
-// The graph build's eight-row layouts (qblocks.h: Q4KX8, Q6KX8, Q8X8, Q5X8) written from the
-// GGUF's rows, for graph_native.regroup_rows. numpy took ~1.6 s for the 0.5B model's 393 MB of
+// The graph build's eight-row layouts (qblocks.h: Q4KX8, Q6KX8, Q8X8, Q5X8, Q41X8) written from
+// the GGUF's rows, for graph_native.regroup_rows. numpy took ~1.6 s for the 0.5B model's 393 MB of
 // Q5_0 and Q8_0 rows and ~1.5 s for the 1.5B's 930 MB of Q4_K and Q6_K ones (strided copies of
 // four-byte runs, the fifth bits through a table); here it is one pass over the bytes.
 // tests/regroup_reference.py holds the same layouts in numpy, the reference these are checked
@@ -12,6 +12,7 @@
 
 namespace {
 
+using npq::Q41X8;
 using npq::Q4KX8;
 using npq::Q5X8;
 using npq::Q6KX8;
@@ -89,6 +90,14 @@ void q5_0(const uint8_t* const* rows, Q5X8* out) {
   for (int g = 0; g < 4; ++g) runs(rows, 6 + 4 * g, out->qs[g]);
 }
 
+void q4_1(const uint8_t* const* rows, Q41X8* out) {
+  for (int r = 0; r < ROWS; ++r) {
+    std::memcpy(&out->d[r], rows[r], 2);
+    std::memcpy(&out->m[r], rows[r] + 2, 2);
+  }
+  for (int g = 0; g < 4; ++g) runs(rows, 4 + 4 * g, out->qs[g]);
+}
+
 template <typename Block, void (*Group)(const uint8_t* const*, Block*)>
 void regroup(const uint8_t* src, int64_t n, int64_t row_bytes, int block_bytes, uint8_t* dst) {
   const int64_t nb = row_bytes / block_bytes;
@@ -119,6 +128,7 @@ __attribute__((visibility("default"))) int npuchat_regroup(int type, const uint8
     case npq::Q6_K: regroup<Q6KX8, q6_k>(src, n, row_bytes, bytes, dst); return 0;
     case npq::Q8_0: regroup<Q8X8, q8_0>(src, n, row_bytes, bytes, dst); return 0;
     case npq::Q5_0: regroup<Q5X8, q5_0>(src, n, row_bytes, bytes, dst); return 0;
+    case npq::Q4_1: regroup<Q41X8, q4_1>(src, n, row_bytes, bytes, dst); return 0;
     default: return -1;
   }
 }
