@@ -15,7 +15,10 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 * the longest gap between two tokens of a streaming reply while another conversation prefills a
   ~2,000-token prompt (`--paste-tokens`), from the paste's arrival until its request has ended
   and the stream has decoded three more tokens (what the paste's end costs counts too), against
-  that stream's median gap before the prefill started (printed plainly at the end per model);
+  that stream's median gap before the prefill started (printed plainly at the end per model),
+  and its 99th percentile; beside it the control: the same stream alone on a fresh engine for as
+  many tokens, its longest and 99th-percentile gap against its own median gap over its first
+  tokens (what this machine's noise gives with no paste at all);
   the same from the per-step trace in process CPU time (a busy machine stretches wall time, not
   that; at 2 threads it counts ORT's spinning too: read it at `--threads 1`), also each mixed
   step against the stream's plain decode steps nearest it, in CPU and in wall time (the stream
@@ -151,7 +154,8 @@ def long_text(engine: ConcurrentEngine, tokens: int) -> str:
         "them",
         "together",
     ]
-    text, i = [], 0
+    text: list[str] = []
+    i = 0
     while len(engine.tokenizer.encode(" ".join(text))) < tokens:
         text.extend(words[j % len(words)] + str(i) for j in range(50))
         i += 1
@@ -240,7 +244,13 @@ def paste_figures(path: Path, cache: Path, threads: int, tokens: int, out: Figur
     shutil.rmtree(cache / "prefixes", ignore_errors=True)  # not read back from disk
     engine = open_engine(path, cache, 4, threads, caps)
     try:
-        paste_beside_a_stream(engine, tokens, out)
+        gaps = paste_beside_a_stream(engine, tokens, out)
+    finally:
+        engine.close()
+    shutil.rmtree(cache / "prefixes", ignore_errors=True)
+    engine = open_engine(path, cache, 4, threads, caps)
+    try:
+        control_gaps(engine, gaps, out)
     finally:
         engine.close()
     out["long_prefill_alone_ttft_s"] = alone.final.metrics.ttft_s
@@ -260,19 +270,41 @@ class StepLog(logging.Handler):
             self.steps.append((time.perf_counter(), step))
 
 
-def paste_beside_a_stream(engine: ConcurrentEngine, tokens: int, out: Figures) -> None:
+def paste_beside_a_stream(engine: ConcurrentEngine, tokens: int, out: Figures) -> int:
+    """The paste's figures (`paste_gaps`); returns the stream's gaps while the paste was read."""
     steps = StepLog()
     step_log.addHandler(steps)
     level = step_log.level
     step_log.setLevel(logging.DEBUG)
     try:
-        paste_gaps(engine, tokens, out, steps)
+        return paste_gaps(engine, tokens, out, steps)
     finally:
         step_log.removeHandler(steps)
         step_log.setLevel(level)
 
 
-def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepLog) -> None:
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.99 * (len(ordered) - 1))]
+
+
+def control_gaps(engine: ConcurrentEngine, gaps: int, out: Figures) -> None:
+    """The paste's stream alone for `gaps` gaps after its first `USUAL_TOKENS` tokens: its
+    longest and p99 gap against its median gap over those first tokens, as `paste_gaps` takes
+    them. On this 2-core VM a stream alone has steps of 2-3x its median now and then, so the
+    paste's figure is read against this one."""
+    list(engine.generate(request("warm", "hi", 4), threading.Event()))
+    alone = Stream(engine, request("stream", PROMPTS[2], USUAL_TOKENS + gaps))
+    alone.run()
+    spans = [b - a for a, b in zip(alone.times, alone.times[1:], strict=False)]
+    normal = statistics.median(spans[: USUAL_TOKENS - 1])
+    after = spans[USUAL_TOKENS - 1 :]
+    out["alone_gap_normal_s"] = normal
+    out["alone_gap_max_x"] = max(after) / normal
+    out["alone_gap_p99_x"] = p99(after) / normal
+
+
+def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepLog) -> int:
     list(engine.generate(request("warm", "hi", 4), threading.Event()))
     text = long_text(engine, PASTE_TOKENS[0])
     streaming = Stream(engine, request("stream", PROMPTS[2], 100 * tokens))
@@ -296,6 +328,7 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
     out["gap_max_during_prefill_s"] = max(during) if during else float("nan")
     out["gap_median_during_prefill_s"] = statistics.median(during) if during else float("nan")
     out["gap_x"] = out["gap_max_during_prefill_s"] / out["gap_normal_s"]
+    out["gap_p99_x"] = p99(during) / out["gap_normal_s"] if during else float("nan")
     out["long_prefill_ttft_s"] = t_first - t_long
     # the same in process CPU time, which a busy machine does not stretch: the dearest step
     # while the prompt was read, against the stream's decode steps before it
@@ -304,7 +337,7 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
     if usual and cpu:
         out["step_cpu_usual_s"] = statistics.median(usual)
         out["step_cpu_max_x"] = cpu[-1] / out["step_cpu_usual_s"]
-        out["step_cpu_p99_x"] = cpu[int(0.99 * (len(cpu) - 1))] / out["step_cpu_usual_s"]
+        out["step_cpu_p99_x"] = p99(cpu) / out["step_cpu_usual_s"]
     # the stream grows by a token a step while the prompt is read (its own steps get dearer
     # with its length): each mixed step against the plain decode steps nearest it in time, by
     # CPU time and by wall time (the latter what the stream's reader waits)
@@ -321,8 +354,9 @@ def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepL
         if own:
             own.sort()
             out[f"step_{clock}_x_own_median"] = statistics.median(own)
-            out[f"step_{clock}_x_own_p99"] = own[int(0.99 * (len(own) - 1))]
+            out[f"step_{clock}_x_own_p99"] = p99(own)
             out[f"step_{clock}_x_own_max"] = own[-1]
+    return len(during)
 
 
 def step_seconds(r: StepRecord, clock: str) -> float:
@@ -407,7 +441,9 @@ def main() -> None:
                 f"{name}: longest gap while a {PASTE_TOKENS[0]}-token prompt is read "
                 f"{1e3 * figures['gap_max_during_prefill_s']:.0f} ms, the stream's median gap "
                 f"before it {1e3 * figures['gap_normal_s']:.0f} ms: {figures['gap_x']:.2f}x "
-                f"(median gap meanwhile {1e3 * figures['gap_median_during_prefill_s']:.0f} ms)"
+                f"(median gap meanwhile {1e3 * figures['gap_median_during_prefill_s']:.0f} ms), "
+                f"p99 {figures['gap_p99_x']:.2f}x; the same stream alone over as many tokens: "
+                f"longest {figures['alone_gap_max_x']:.2f}x, p99 {figures['alone_gap_p99_x']:.2f}x"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
