@@ -54,6 +54,7 @@ SOURCES = (
     "qmatmul_act.cc",
     "attention_op.cc",
     "attention_avx2.cc",
+    "attention_few_avx2.cc",
     "rope_attention_op.cc",
     "regroup.cc",
     "kernels_entry.cc",
@@ -67,6 +68,7 @@ HEADERS = (
     "blocks_x8_x86.h",
     "qmatmul_act.h",
     "attention.h",
+    "attention_x86.h",
 )
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"

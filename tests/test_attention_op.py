@@ -74,6 +74,8 @@ SHAPES = [  # b, hkv, g, s, c, a, dh
     (1, 3, 1, 5, 300, 257, 24),  # no GQA, a window past several column blocks, dh % 8 = 0
     (2, 2, 2, 2, 9, 1, 12),  # one slot; dh with a tail
     (1, 1, 3, 17, 2100, 2049, 80),  # many rows, a long window
+    (1, 3, 3, 1, 300, 257, 64),  # a decode step of SmolLM2's shape: few rows, slots in lanes
+    (2, 1, 4, 1, 100, 70, 256),  # Gemma 3's: four rows of 256 dims
 ]
 
 
@@ -93,13 +95,19 @@ def test_attention_matches_numpy(shape: tuple[int, ...]) -> None:
     assert np.abs(y - ref).max() / np.abs(ref).max() < TOLERANCE
 
 
-@pytest.mark.parametrize("g, s", [(3, 4), (7, 9), (1, 40)])
-def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window(g: int, s: int) -> None:
+@pytest.mark.parametrize(
+    "g, s, dh", [(3, 4, 32), (7, 9, 32), (1, 40, 32), (3, 4, 64), (4, 3, 128), (1, 40, 64)]
+)
+def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window(
+    g: int, s: int, dh: int
+) -> None:
     """A decode row against its verify step or a prefill chunk (more rows, a wider window whose
     extra slots the mask hides) and against a batch: bit for bit, as exact speculation needs.
-    (7, 9): rows over several tasks, two tokens in a vector of rows; (1, 40): eight tokens."""
+    (7, 9): rows over several tasks, two tokens in a vector of rows; (1, 40): eight tokens. With
+    dh a multiple of 64 a lone token's 1-4 rows take the few-rows path (slots and dims in the
+    lanes) and the many rows the eight-rows path: the same bits either way."""
     rng = np.random.default_rng(7)
-    b, hkv, c, dh = 3, 2, 200, 32
+    b, hkv, c = 3, 2, 200
     feed = inputs(rng, b, hkv, g, s, c, 130, dh)
     feed["k"][:, :, 130:] = 1e3  # slots past the window: never read
     wide = {**feed, "mask": np.full((b, 1, s, 190), -30000.0, np.float32)}
@@ -122,13 +130,14 @@ def test_a_row_is_the_same_alone_among_others_and_at_any_covering_window(g: int,
             assert np.array_equal(y, expected), (bi, si)
 
 
-def test_slots_at_or_below_hidden_never_reach_the_result() -> None:
+@pytest.mark.parametrize("s, dh", [(4, 32), (1, 64)])  # (1, 64): the few-rows path
+def test_slots_at_or_below_hidden_never_reach_the_result(s: int, dh: int) -> None:
     """`hidden`: the host's ignore value hides a slot outright; its K/V (NaN here) never reach
     the result, and the visible slots' result is numpy's over those slots alone."""
     rng = np.random.default_rng(11)
-    feed = inputs(rng, 2, 2, 3, 4, 300, 280, 32)
+    feed = inputs(rng, 2, 2, 3, s, 300, 280, dh)
     feed["mask"][feed["mask"] == -np.inf] = -30000.0
-    feed["mask"][0, 0, 1, 70:200] = -30000.0  # a hole: a window's row
+    feed["mask"][0, 0, s - 1, 70:200] = -30000.0  # a hole: a window's row
     feed["mask"][..., 3:11] = -30000.0  # a hole every row has, inside the slots they see
     hidden = feed["mask"] <= -30000.0
     keep = ~np.broadcast_to(hidden.all(axis=(0, 2), keepdims=True), hidden.shape)[0, 0, 0]

@@ -21,15 +21,26 @@ from npuchat.engine.speculative import SpeculativeDecoder
 
 
 @pytest.mark.realmodel
-@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"])
+@pytest.mark.parametrize(
+    ("name", "kv_dtype"),
+    [
+        ("smollm2-135m", "f32"),
+        ("smollm2-135m", "f16"),
+        ("qwen2.5-coder-0.5b", "f32"),
+        ("gemma3-270m", "f32"),
+    ],
+)
 def test_real_model_verify_rows_equal_decode_bit_for_bit(
-    name: str, real_gguf: Callable[[str], Path]
+    name: str, kv_dtype: str, real_gguf: Callable[[str], Path]
 ) -> None:
     """The same on real files (Q4_1; Q5_0/Q8_0/Q4_K/Q6_K), where a one-row and a multi-row
     kernel would differ by 0.2–0.9 in the logits (measured before decode steps were padded);
-    Gemma 3 (Q5_0/Q4_K/Q6_K/Q8_0) with its sliding and global layers."""
+    Gemma 3 (Q5_0/Q4_K/Q6_K/Q8_0) with its sliding and global layers. SmolLM2's and Gemma 3's
+    decode steps attend by the few-rows path (3 or 4 query heads a KV head), their verify steps
+    by the eight-rows one; SmolLM2 also over an f16 cache."""
     graphs = real_models.cache_root() / "graphs"
-    with Model.load(real_gguf(name), cache_dir=graphs, threads=2, verify_k=7) as m:
+    kw = {"cache_dir": graphs, "threads": 2, "verify_k": 7, "kv_dtype": kv_dtype}
+    with Model.load(real_gguf(name), **kw) as m:  # type: ignore[arg-type]
         prompt = [int(t) for t in np.random.default_rng(2).integers(100, 5000, 250)]
         pairs = decode_and_verify(m, prompt, [2000, 2001, 345, 2003, 17, 999, 4242, 3])
     for ref, row in pairs:

@@ -85,6 +85,9 @@ struct Rows {
 
 // One task's rows on AVX2 + FMA (attention_avx2.cc), and on any CPU (attention_op.cc).
 void run_task_avx2(void* data, size_t t);
+// A task's 1-4 rows over slots [tlo, thi) with the slots or head dims in the lanes, the bits of
+// run_task_avx2's (attention_few_avx2.cc); false (nothing done) where it does not apply.
+bool run_few_rows_avx2(const Job& j, const Rows& rows, int64_t tlo, int64_t thi);
 void run_task_scalar(void* data, size_t t);
 
 // The one of them this process runs (NPUCHAT_KERNEL_ISA=scalar forces the portable rows).

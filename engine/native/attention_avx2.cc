@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "attention.h"
+#include "attention_x86.h"
 
 namespace npuchat_attention {
 namespace {
@@ -16,7 +17,6 @@ namespace {
 // softmax's max and sum run over the slots in order, P.V adds each slot's p * v in slot order.
 // Slots a lane does not see add exact zeros there (exp(-inf) = 0; p = 0 in an FMA leaves an
 // accumulator that is never -0 unchanged), so a row's result is bit for bit what it gets alone.
-#define NPA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // scores[v][c][lane] = qT[v][.][lane] . k[c] for NC slots: each K element one broadcast for NV
 // vectors of rows (NV * NC accumulators, NV + 1 more registers).
@@ -99,50 +99,6 @@ constexpr auto DOTS2 = dots_tiles<2>(std::make_integer_sequence<int, 6>{});
 constexpr auto PV1 = pv_tiles<1>(std::make_integer_sequence<int, 12>{});
 constexpr auto PV2 = pv_tiles<2>(std::make_integer_sequence<int, 6>{});
 
-// exp(x) for x <= 0 (the softmax's shifted scores): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2],
-// a degree-6 polynomial (relative error ~2e-7); below -87.3 (or -inf) exactly 0.
-NPA_AVX2 inline __m256 exp_neg(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-// n float16 values widened into dst (a block of cache rows, kept in L1 for the block's tiles).
-NPA_AVX2 void widen_rows(const uint16_t* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
-}
-
-// Slots [c0, c1) of one head's K or V rows into `buf` as floats (slot c at buf + (c - c0) dh):
-// copied (f32) or widened (f16) in one sequential read, the tiles then broadcast from L1. The
-// tiles reading a dozen rows side by side straight from the cache ran ~1.6x slower once the
-// cache outgrew the caches (1.5B layer shapes, 28 layers at 4,000 slots: 29 vs 18 ms a step).
-NPA_AVX2 const float* block_rows(const float* f32, const uint16_t* f16, int64_t c0, int64_t c1,
-                                 int64_t dh, float* buf) {
-  if (f16 == nullptr) {
-    std::memcpy(buf, f32 + c0 * dh, static_cast<size_t>((c1 - c0) * dh) * sizeof(float));
-  } else {
-    widen_rows(f16 + c0 * dh, (c1 - c0) * dh, buf);
-  }
-  return buf;
-}
-
 // Rows in groups of up to two vectors (16 rows) sharing a span of slots: scores block by block
 // of BLOCK_COLS slots (the block's K rows in L1 for every group), the mask and softmax per
 // vector, P.V block by block, then each lane's row divided by its sum.
@@ -158,12 +114,13 @@ NPA_AVX2 void run_task_avx2(void* data, size_t t) {
   const float* vh = half ? nullptr : j.v + head;
   const uint16_t* kh16 = half ? j.k16 + head : nullptr;
   const uint16_t* vh16 = half ? j.v16 + head : nullptr;
-  std::vector<float> block(static_cast<size_t>(BLOCK_COLS * dh));
   const auto [tlo, thi] = rows.span(0, n, j.a);
   if (tlo >= thi) {  // nothing shown: zero rows
     for (int64_t i = 0; i < n; ++i) std::fill(rows.y(j, i), rows.y(j, i) + dh, 0.0f);
     return;
   }
+  if (run_few_rows_avx2(j, rows, tlo, thi)) return;  // a decode step's few rows
+  std::vector<float> block(static_cast<size_t>(BLOCK_COLS * dh));
   const int64_t width = thi - tlo, vq = dh * LANES, vs = width * LANES;
   std::vector<float> qt(static_cast<size_t>(nv * vq), 0.0f), acc(qt.size(), 0.0f);
   std::vector<float> scores(static_cast<size_t>(nv * vs));
