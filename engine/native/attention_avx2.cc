@@ -108,12 +108,9 @@ NPA_AVX2 void run_task_avx2(void* data, size_t t) {
   const Job& j = *static_cast<const Job*>(data);
   const Rows rows(j, t);
   const int64_t dh = j.dh, n = rows.n, nv = (n + LANES - 1) / LANES;
-  const int64_t head = rows.bh * j.c * dh;
-  const bool half = j.k16 != nullptr;
-  const float* kh = half ? nullptr : j.k + head;
-  const float* vh = half ? nullptr : j.v + head;
-  const uint16_t* kh16 = half ? j.k16 + head : nullptr;
-  const uint16_t* vh16 = half ? j.v16 + head : nullptr;
+  const HeadCache cache(j, rows);
+  const float *kh = cache.k, *vh = cache.v;
+  const uint16_t *kh16 = cache.k16, *vh16 = cache.v16;
   const auto [tlo, thi] = rows.span(0, n, j.a);
   if (tlo >= thi) {  // nothing shown: zero rows
     for (int64_t i = 0; i < n; ++i) std::fill(rows.y(j, i), rows.y(j, i) + dh, 0.0f);

@@ -132,12 +132,9 @@ struct Tiles {
 template <int NR>
 NPA_AVX2 void few_rows(const Job& j, const Rows& rows, int64_t tlo, int64_t thi) {
   const int64_t dh = j.dh, width = thi - tlo;
-  const int64_t head = rows.bh * j.c * dh;
-  const bool half = j.k16 != nullptr;
-  const float* kh = half ? nullptr : j.k + head;
-  const float* vh = half ? nullptr : j.v + head;
-  const uint16_t* kh16 = half ? j.k16 + head : nullptr;
-  const uint16_t* vh16 = half ? j.v16 + head : nullptr;
+  const HeadCache cache(j, rows);
+  const float *kh = cache.k, *vh = cache.v;
+  const uint16_t *kh16 = cache.k16, *vh16 = cache.v16;
   // scores, then weights, per row over the span, padded to whole blocks of slots
   const int64_t padded = (width + BLOCK_COLS - 1) / BLOCK_COLS * BLOCK_COLS;
   std::vector<float> scores(static_cast<size_t>(NR * padded));

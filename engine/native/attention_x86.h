@@ -58,5 +58,20 @@ NPA_AVX2 inline const float* block_rows(const float* f32, const uint16_t* f16, i
   return buf;
 }
 
+// One (batch, KV head)'s K and V rows of the cache: float32 (k, v) or float16 (k16, v16), the
+// other pair null.
+struct HeadCache {
+  const float *k, *v;
+  const uint16_t *k16, *v16;
+  HeadCache(const Job& j, const Rows& rows) {
+    const int64_t head = rows.bh * j.c * j.dh;
+    const bool half = j.k16 != nullptr;
+    k = half ? nullptr : j.k + head;
+    v = half ? nullptr : j.v + head;
+    k16 = half ? j.k16 + head : nullptr;
+    v16 = half ? j.v16 + head : nullptr;
+  }
+};
+
 }  // namespace
 }  // namespace npuchat_attention

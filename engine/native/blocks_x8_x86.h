@@ -68,6 +68,32 @@ NPQ_AVX2 inline __m256i fifth_bits(__m256i qh, int s) {
   return _mm256_and_si256(moved, _mm256_set1_epi8(16));
 }
 
+// One row's dots of a nibble type's group g (lo: elements 4g + t, hi: 16 + 4g + t) with its
+// activations y = qs + 4g, into its chains; AVX2: [0] and [1] the int16 sums of the low and the
+// high sets (four groups' maddubs pairs, each |.| <= 2 * 31 * 127, fit int16).
+template <int C>
+NPQ_AVX2 inline void nibble_dots(__m256i* sumi, __m256i lo, __m256i hi, const int8_t* y, int g) {
+#if NPQ_INT16_SUMS
+  (void)g;  // two int16 sets, whatever the group
+  sumi[0] = _mm256_add_epi16(sumi[0], _mm256_maddubs_epi16(lo, bcast4(y)));
+  sumi[1] = _mm256_add_epi16(sumi[1], _mm256_maddubs_epi16(hi, bcast4(y + 16)));
+#else
+  sumi[(2 * g) % C] = dot_bcast(sumi[(2 * g) % C], lo, y);
+  sumi[(2 * g + 1) % C] = dot_bcast(sumi[(2 * g + 1) % C], hi, y + 16);
+#endif
+}
+
+// The eight rows' int32 block sums from one activation row's nibble_dots chains.
+template <int C>
+NPQ_AVX2 inline __m256i nibble_sums(const __m256i* sumi) {
+#if NPQ_INT16_SUMS
+  const __m256i ones = _mm256_set1_epi16(1);
+  return _mm256_add_epi32(_mm256_madd_epi16(sumi[0], ones), _mm256_madd_epi16(sumi[1], ones));
+#else
+  return chains_sum<C>(sumi);
+#endif
+}
+
 // Q5_0's weights unsigned (nibble | 16 * bit, 0..31) straight into NPQ_DOT_ADD; each row's block
 // then takes off 16 * the activations' sum (exact), which is the signed weights' integer.
 template <int R, int C>
@@ -79,7 +105,7 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
     const Q5X8& q = w[b];
     prefetch_ahead(w, b);
     const __m256i qh = load32(q.qh);
-    __m256i sumi[R][C];  // AVX2: [0] and [1] the int16 sums of the low and the high sets
+    __m256i sumi[R][C];  // nibble_dots' chains
     __m256i bias[R];
     for (int r = 0; r < R; ++r) {
       const ActBlock& y = reinterpret_cast<const ActBlock*>(x[r])[b];
@@ -92,25 +118,12 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
       const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
                                          fifth_bits(qh, 2 * g + 1));
       for (int r = 0; r < R; ++r) {
-        const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
-#if NPQ_INT16_SUMS  // AVX2: four groups' maddubs pairs (each |.| <= 2 * 31 * 127) fit int16
-        sumi[r][0] = _mm256_add_epi16(sumi[r][0], _mm256_maddubs_epi16(lo, bcast4(y)));
-        sumi[r][1] = _mm256_add_epi16(sumi[r][1], _mm256_maddubs_epi16(hi, bcast4(y + 16)));
-#else
-        sumi[r][(2 * g) % C] = dot_bcast(sumi[r][(2 * g) % C], lo, y);
-        sumi[r][(2 * g + 1) % C] = dot_bcast(sumi[r][(2 * g + 1) % C], hi, y + 16);
-#endif
+        nibble_dots<C>(sumi[r], lo, hi, reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g, g);
       }
     }
     for (int r = 0; r < R; ++r) {
       const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
-#if NPQ_INT16_SUMS
-      const __m256i ones = _mm256_set1_epi16(1);
-      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sumi[r][0], ones),
-                                         _mm256_madd_epi16(sumi[r][1], ones));
-#else
-      const __m256i s = chains_sum<C>(sumi[r]);
-#endif
+      const __m256i s = nibble_sums<C>(sumi[r]);
       acc[r] = x8_block_step(q.d, _mm256_add_epi32(s, bias[r]), dx, acc[r]);
     }
   }
@@ -128,7 +141,7 @@ NPQ_AVX2 void q4_1_x8_rows(const Q41X8* w, const uint8_t* const* x, int nb, floa
   for (int b = 0; b < nb; ++b) {
     const Q41X8& q = w[b];
     prefetch_ahead(w, b);
-    __m256i sumi[R][C];  // AVX2: [0] and [1] the int16 sums of the low and the high nibbles
+    __m256i sumi[R][C];  // nibble_dots' chains
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
     }
@@ -137,25 +150,12 @@ NPQ_AVX2 void q4_1_x8_rows(const Q41X8* w, const uint8_t* const* x, int nb, floa
       const __m256i lo = _mm256_and_si256(raw, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
       for (int r = 0; r < R; ++r) {
-        const int8_t* y = reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g;
-#if NPQ_INT16_SUMS  // AVX2: four groups' maddubs pairs (each |.| <= 2 * 15 * 127) fit int16
-        sumi[r][0] = _mm256_add_epi16(sumi[r][0], _mm256_maddubs_epi16(lo, bcast4(y)));
-        sumi[r][1] = _mm256_add_epi16(sumi[r][1], _mm256_maddubs_epi16(hi, bcast4(y + 16)));
-#else
-        sumi[r][(2 * g) % C] = dot_bcast(sumi[r][(2 * g) % C], lo, y);
-        sumi[r][(2 * g + 1) % C] = dot_bcast(sumi[r][(2 * g + 1) % C], hi, y + 16);
-#endif
+        nibble_dots<C>(sumi[r], lo, hi, reinterpret_cast<const ActBlock*>(x[r])[b].qs + 4 * g, g);
       }
     }
     for (int r = 0; r < R; ++r) {
       const float dx = reinterpret_cast<const ActBlock*>(x[r])[b].d;
-#if NPQ_INT16_SUMS
-      const __m256i ones = _mm256_set1_epi16(1);
-      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(sumi[r][0], ones),
-                                         _mm256_madd_epi16(sumi[r][1], ones));
-#else
-      const __m256i s = chains_sum<C>(sumi[r]);
-#endif
+      const __m256i s = nibble_sums<C>(sumi[r]);
       acc[r] = x8_block_step(q.d, s, dx, acc[r]);
     }
   }
