@@ -286,9 +286,10 @@ NPQ_AVX2 void rows_one(const uint8_t* w, size_t stride, const uint8_t* x, int n,
 }
 
 // n weight rows: four at a time where rows are short (the weights of four rows lie together and
-// the chains overlap: ~18% less time on SmolLM2's 576-wide Q4_1 rows), one at a time where they
-// are long (four streams of weights ran 5-25% slower than one on the 612-byte Q8_0 and 960-byte
-// Q4_1 rows).
+// the chains overlap: ~18% less time on SmolLM2's 576-wide Q4_1 rows, before they were
+// regrouped), one at a time where they are long (four streams of weights ran 5-25% slower than
+// one on the 612-byte Q8_0 and 960-byte Q4_1 rows). Now these serve Q4_0 and the matrices whose
+// rows do not come in sixteens.
 constexpr size_t SHORT_ROW_BYTES = 512;
 #define NPQ_COLS(Name, ...)                                                                     \
   template <int C>                                                                              \
