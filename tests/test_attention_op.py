@@ -76,6 +76,7 @@ SHAPES = [  # b, hkv, g, s, c, a, dh
     (1, 1, 3, 17, 2100, 2049, 80),  # many rows, a long window
     (1, 3, 3, 1, 300, 257, 64),  # a decode step of SmolLM2's shape: few rows, slots in lanes
     (2, 1, 4, 1, 100, 70, 256),  # Gemma 3's: four rows of 256 dims
+    (1, 2, 1, 4, 120, 100, 64),  # no GQA, four tokens: few rows, each with its own mask row
 ]
 
 
