@@ -1,7 +1,7 @@
 // The AVX2 + FMA rows of `npuchat.Attention` for a task of few query rows (a decode step's G
 // query heads of one KV head, G <= 4: SmolLM2's 3, Gemma 3's 4), where run_task_avx2's eight
-// lanes of rows would leave most lanes idle (3 of 8 for SmolLM2: its attention was a quarter
-// of a decode step). Here the lanes hold slots for Q.K (each block of K rows transposed as it
+// lanes of rows would leave most lanes idle (3 of 8 for SmolLM2: its attention was a fifth of
+// a decode step). Here the lanes hold slots for Q.K (each block of K rows transposed as it
 // is widened into L1) and head dims for P.V (V rows are read as they lie), so every lane works.
 //
 // Each number is computed by the same operations in the same order as run_task_avx2 computes
@@ -21,8 +21,8 @@ namespace {
 constexpr int SLOT_VECS = BLOCK_COLS / LANES;  // slot vectors per block of K rows
 static_assert(BLOCK_COLS % LANES == 0, "a block of K rows is whole vectors of slots");
 
-// Eight dims of eight slots' rows (f32 or f16 at `at`, `stride` elements apart; `rows` < 8:
-// the missing ones zero) as floats, transposed: out[d] holds dim d of the eight slots.
+// Eight dims of eight slots' rows (f32 or f16, `stride` elements apart; past `rows`: zeros) as
+// floats, transposed: out[d] holds dim d of the eight slots.
 NPA_AVX2 void load_transposed(const float* f32, const uint16_t* f16, int64_t stride, int rows,
                               __m256 out[LANES]) {
   __m256 r[LANES];

@@ -48,8 +48,8 @@ NPA_AVX2 inline void widen_rows(const uint16_t* src, int64_t n, float* dst) {
 // copied (f32) or widened (f16) in one sequential read, the tiles then broadcast from L1. The
 // tiles reading a dozen rows side by side straight from the cache ran ~1.6x slower once the
 // cache outgrew the caches (1.5B layer shapes, 28 layers at 4,000 slots: 29 vs 18 ms a step).
-NPA_AVX2 inline const float* block_rows(const float* f32, const uint16_t* f16, int64_t c0, int64_t c1,
-                                 int64_t dh, float* buf) {
+NPA_AVX2 inline const float* block_rows(const float* f32, const uint16_t* f16, int64_t c0,
+                                        int64_t c1, int64_t dh, float* buf) {
   if (f16 == nullptr) {
     std::memcpy(buf, f32 + c0 * dh, static_cast<size_t>((c1 - c0) * dh) * sizeof(float));
   } else {

@@ -1,8 +1,8 @@
 // Q8_0, Q5_0 and Q4_1 on eight regrouped rows (Q8X8, Q5X8, Q41X8; qblocks.h) for qdot_avx2.cc
-// and its VNNI builds: one 32-byte load holds a four-element group of all eight rows, four activations
-// broadcast to every lane meet it in one NPQ_DOT_ADD, each int32 lane sums one row's block
-// exactly, and the float step is the plain rows' (qblocks.h), so a regrouped row gives the bits
-// of the same row unregrouped. Included after qdot_x86.h.
+// and its VNNI builds: one 32-byte load holds a four-element group of all eight rows, four
+// activations broadcast to every lane meet it in one NPQ_DOT_ADD, each int32 lane sums one row's
+// block exactly, and the float step is the plain rows' (qblocks.h), so a regrouped row gives the
+// bits of the same row unregrouped. Included after qdot_x86.h.
 #pragma once
 
 namespace npq {
