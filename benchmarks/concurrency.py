@@ -18,7 +18,8 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
   that stream's median gap before the prefill started (printed plainly at the end per model),
   and its 99th percentile; beside it the control: the same stream alone on a fresh engine for as
   many tokens, its longest and 99th-percentile gap against its own median gap over its first
-  tokens (what this machine's noise gives with no paste at all);
+  tokens (what this machine's noise gives with no paste at all), and the paste's longest gap
+  against the control's median gap over the same tokens;
   the same from the per-step trace in process CPU time (a busy machine stretches wall time, not
   that; at 2 threads it counts ORT's spinning too: read it at `--threads 1`), also each mixed
   step against the stream's plain decode steps nearest it, in CPU and in wall time (the stream
@@ -292,7 +293,8 @@ def control_gaps(engine: ConcurrentEngine, gaps: int, out: Figures) -> None:
     """The paste's stream alone for `gaps` gaps after its first `USUAL_TOKENS` tokens: its
     longest and p99 gap against its median gap over those first tokens, as `paste_gaps` takes
     them. On this 2-core VM a stream alone has steps of 2-3x its median now and then, so the
-    paste's figure is read against this one."""
+    paste's figure is read against this one. Also the paste's longest gap against the median
+    gap of this stream over the same tokens (what "normal" is at the length the stream had)."""
     list(engine.generate(request("warm", "hi", 4), threading.Event()))
     alone = Stream(engine, request("stream", PROMPTS[2], USUAL_TOKENS + gaps))
     alone.run()
@@ -302,6 +304,10 @@ def control_gaps(engine: ConcurrentEngine, gaps: int, out: Figures) -> None:
     out["alone_gap_normal_s"] = normal
     out["alone_gap_max_x"] = max(after) / normal
     out["alone_gap_p99_x"] = p99(after) / normal
+    # the paste's longest gap against this stream's own median over the same stretch of tokens
+    # (the stream's steps grow with its length, with or without a paste beside it)
+    out["alone_gap_median_s"] = statistics.median(after)
+    out["gap_x_alone_median"] = out["gap_max_during_prefill_s"] / out["alone_gap_median_s"]
 
 
 def paste_gaps(engine: ConcurrentEngine, tokens: int, out: Figures, steps: StepLog) -> int:
@@ -443,7 +449,10 @@ def main() -> None:
                 f"before it {1e3 * figures['gap_normal_s']:.0f} ms: {figures['gap_x']:.2f}x "
                 f"(median gap meanwhile {1e3 * figures['gap_median_during_prefill_s']:.0f} ms), "
                 f"p99 {figures['gap_p99_x']:.2f}x; the same stream alone over as many tokens: "
-                f"longest {figures['alone_gap_max_x']:.2f}x, p99 {figures['alone_gap_p99_x']:.2f}x"
+                f"longest {figures['alone_gap_max_x']:.2f}x, p99 {figures['alone_gap_p99_x']:.2f}x;"
+                f" the paste's longest gap against that stream's median gap over the same tokens "
+                f"({1e3 * figures['alone_gap_median_s']:.0f} ms): "
+                f"{figures['gap_x_alone_median']:.2f}x"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
