@@ -39,8 +39,9 @@ def test_real_model_verify_rows_equal_decode_bit_for_bit(
     decode steps attend by the few-rows path (3 or 4 query heads a KV head), their verify steps
     by the eight-rows one; SmolLM2 also over an f16 cache."""
     graphs = real_models.cache_root() / "graphs"
-    kw = {"cache_dir": graphs, "threads": 2, "verify_k": 7, "kv_dtype": kv_dtype}
-    with Model.load(real_gguf(name), **kw) as m:  # type: ignore[arg-type]
+    with Model.load(
+        real_gguf(name), cache_dir=graphs, threads=2, verify_k=7, kv_dtype=kv_dtype
+    ) as m:
         prompt = [int(t) for t in np.random.default_rng(2).integers(100, 5000, 250)]
         pairs = decode_and_verify(m, prompt, [2000, 2001, 345, 2003, 17, 999, 4242, 3])
     for ref, row in pairs:

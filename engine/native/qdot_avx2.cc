@@ -58,6 +58,7 @@ NPQ_AVX2 inline const Act* act(const uint8_t* const* x, int r) {
 template <int R, int Bytes, __m256i (*Unpack)(const uint8_t*), bool Signed, bool Offset,
           bool Exact>
 NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, float* out) {
+  static_assert(Exact || !Offset, "the offset chain is one of the exact steps");
   __m256 acc[R];
   float offsets[R], exact[R];
   for (int r = 0; r < R; ++r) {
@@ -78,7 +79,9 @@ NPQ_AVX2 void blocks_rows(const uint8_t* w, const uint8_t* const* x, int nb, flo
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(s), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = !Exact ? hsum(acc[r]) : Offset ? exact[r] + offsets[r] : exact[r];
+  for (int r = 0; r < R; ++r) {
+    out[r] = !Exact ? hsum(acc[r]) : Offset ? exact[r] + offsets[r] : exact[r];
+  }
 }
 
 NPQ_AVX2 inline __m256i unpack_q8_0(const uint8_t* w) { return load32(w + 2); }
@@ -236,13 +239,13 @@ NPQ_ROWS(Q6_KK, q6_k_rows<R>)
 #undef NPQ_ROWS
 
 // One activation row . C weight rows of a 32-element type: for each weight row the float steps of
-// blocks_rows (the same products, the same fma per block, the same offset sum and final hsum),
+// blocks_rows (the same products, the same fma per block, the same offset chain and final sum),
 // the C rows' chains side by side so that one block's fma need not wait on the last one's, and
 // the activation block loaded once for all C. `Shift` 0: signed weights (dot_i8); otherwise
 // `Unpack` gives them unsigned, plus 1 << Shift (Q4_0's 8, Q5_0's 16), maddubs multiplies them
 // directly and (1 << Shift) times the activations' sums per four lanes (once per block for all
 // C rows) is taken off: dot_i8's int32 lanes exactly, in fewer instructions per row. `Exact`:
-// blocks_rows' exact steps (Q8_0, Q5_0).
+// blocks_rows' exact steps (Q8_0, Q5_0, Q4_1).
 template <int C, int Bytes, __m256i (*Unpack)(const uint8_t*), int Shift, bool Offset, bool Exact>
 NPQ_AVX2 void blocks_cols(const uint8_t* w, size_t stride, const uint8_t* x, int nb, float* out) {
   static_assert(Exact || !Offset, "the offset chain is one of the exact steps");

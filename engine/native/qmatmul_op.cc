@@ -235,8 +235,8 @@ struct QMatMulKernel {
     const bool groups = x8_block_bytes(type) != 0;
     if (layout != 0 && !(x8 && groups && n % 8 == 0 && (!glu || (n / 2) % 8 == 0))) {
       return error(ORT_INVALID_ARGUMENT,
-                   "layout 1 (rows regrouped in eights) needs Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1 and N "
-                   "(N / 2 with glu) a multiple of 8; layout 0 is the GGUF's rows");
+                   "layout 1 (rows regrouped in eights) needs Q4_K, Q6_K, Q8_0, Q5_0 or Q4_1 "
+                   "and N (N / 2 with glu) a multiple of 8; layout 0 is the GGUF's rows");
     }
     if (paired && !(glu && (n / 2) % 8 == 0)) {
       return error(ORT_INVALID_ARGUMENT, "paired gate/up rows need glu and N / 2 a multiple of 8");
