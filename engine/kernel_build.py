@@ -69,6 +69,7 @@ HEADERS = (
     "qmatmul_act.h",
     "attention.h",
     "attention_x86.h",
+    "exp_x86.h",
 )
 LIBRARY_NAME = "libnpuchat_kernels.so"
 CACHE_ENV = "NPUCHAT_KERNEL_CACHE"

@@ -115,7 +115,25 @@ def rows_and_digests() -> tuple[list[str], dict[str, str]]:
                 f"{name} K={k} row {i}" for i in range(9) if not np.array_equal(alone[i], many[i])
             ]
             digests[f"{name}/{k}"] = hashlib.sha256(many.tobytes() + alone.tobytes()).hexdigest()
+    digests["swiglu"] = hashlib.sha256(swiglu_extremes()[0].tobytes()).hexdigest()
     return mismatches, digests
+
+
+GATES = [-300.0, -90.0, -87.0, -20.0, -1.5, -1e-3, -0.0, 0.0, 1e-3, 0.7, 20.0, 90.0, 300.0]
+
+
+def swiglu_extremes() -> tuple[np.ndarray, np.ndarray]:
+    """(the op's output, float64 silu(gate) * up) of a glu QMatMul whose bias puts the gates
+    at `GATES` (both sides of exp's floor, zero, large) and up at 1.5 in every row."""
+    n = 8 * (len(GATES) // 8 + 1)  # whole groups of eight, and a tail past the named gates
+    gates = np.resize(np.array(GATES, np.float32), n)
+    bias = np.concatenate([gates, np.full(n, 1.5, np.float32)])
+    raw = blocks(weights(2 * n, 256, seed=13) * 1e-6, ggml_type("q8_0"))
+    x = np.random.default_rng(14).standard_normal((3, 256)).astype(np.float32)
+    y = session(raw, ggml_type("q8_0"), 256, bias=bias, glu=1).run(None, {"x": x})[0]
+    z = reference(x, raw, ggml_type("q8_0")) + bias.astype(np.float64)
+    gate, up = z[:, :n], z[:, n:]
+    return y, gate / (1.0 + np.exp(-gate)) * up
 
 
 def layout_mismatches() -> list[str]:

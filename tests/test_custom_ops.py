@@ -16,14 +16,23 @@ import onnxruntime as ort
 import pytest
 from gguf.quants import dequantize
 from onnx import TensorProto, helper, numpy_helper
-from qmatmul_check import K, N, blocks, reference, relative_errors, session, weights
+from qmatmul_check import (
+    K,
+    N,
+    blocks,
+    reference,
+    relative_errors,
+    session,
+    swiglu_extremes,
+    weights,
+)
 from regroup_reference import reference_regroup
 from synthetic import ggml_type
 
 from npuchat.engine.custom_ops import DOMAIN, kernel_library, register_kernels
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.graph_native import pair_halves, regroup_rows
-from npuchat.engine.kernel_build import build_kernels
+from npuchat.engine.kernel_build import HEADERS, SOURCE_DIR, SOURCES, build_kernels
 
 if shutil.which("g++") is None or shutil.which("npm") is None:
     pytest.skip("building the kernels needs g++ and npm", allow_module_level=True)
@@ -86,6 +95,8 @@ def test_every_kernel_table_the_cpu_has_matches_numpy(isa: str) -> None:
     assert result["mismatches"] == []
     if isa in ("avxvnni", "avx512vnni"):
         assert result["digests"] == _check("avx2")["digests"]
+    if isa == "scalar" and ISA_FLAGS["avx2"] <= _cpu_flags():  # one SwiGLU in every table
+        assert result["digests"]["swiglu"] == _check("avx2")["digests"]["swiglu"]
 
 
 def test_kernels_stay_close_to_the_float_product() -> None:
@@ -180,6 +191,14 @@ def test_the_bias_and_the_fused_swiglu(name: str) -> None:
     assert np.abs(y - expected).max() / np.abs(expected).max() < TOLERANCE
     for i in range(9):
         assert np.array_equal(glu.run(None, {"x": x[i : i + 1]})[0][0], y[i])
+
+
+def test_the_swiglu_at_extreme_gates() -> None:
+    """silu(gate) * up where exp underflows, at zero and far past it: float64's numbers to
+    ~1e-6 of each value (exactly 0 below exp's floor, where the true value is under 1e-36)."""
+    y, expected = swiglu_extremes()
+    assert np.all(np.isfinite(y))
+    assert np.all(np.abs(y - expected) <= 2e-6 * np.abs(expected) + 1e-36), y - expected
 
 
 def _normed_session(raw: np.ndarray, qtype: int, norm: np.ndarray, outputs: int = 2):
@@ -278,6 +297,13 @@ def test_the_build_is_reused_and_a_machine_without_tools_falls_back(
     monkeypatch.setenv("NPUCHAT_KERNELS", "fast")
     with pytest.raises(NpuchatError, match="is not one of: auto, off, on"):
         kernel_library()
+
+
+def test_every_native_source_keys_the_build() -> None:
+    """A file the build reads but does not hash would leave an old library in use after an
+    edit (an edited header once did): every source and header in the folder is keyed."""
+    on_disk = {p.name for p in SOURCE_DIR.iterdir() if p.suffix in (".cc", ".h")}
+    assert on_disk == set(SOURCES) | set(HEADERS)
 
 
 def test_a_damaged_library_in_the_cache_is_refused_not_loaded_or_deleted(

@@ -1,6 +1,6 @@
 // What the two AVX2 + FMA attention paths share (attention_avx2.cc: eight rows in the lanes;
 // attention_few_avx2.cc: slots or dims in the lanes for a few rows): the target attribute, the
-// softmax's exp and the copying of cache rows into an L1 block. One definition each, so both
+// softmax's exp (exp_x86.h's) and the copying of cache rows into an L1 block. One definition each, so both
 // paths compute the same bits.
 #pragma once
 #include <immintrin.h>
@@ -8,31 +8,14 @@
 #include <cstring>
 
 #include "attention.h"
+#include "exp_x86.h"
 
 #define NPA_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace npuchat_attention {
 namespace {
 
-// exp(x) for x <= 0 (the softmax's shifted scores): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2],
-// a degree-6 polynomial (relative error ~2e-7); below -87.3 (or -inf) exactly 0.
-NPA_AVX2 inline __m256 exp_neg(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
+using npuchat_exp::exp_neg;
 
 // n float16 values widened into dst (a block of cache rows, kept in L1 for the block's tiles).
 NPA_AVX2 inline void widen_rows(const uint16_t* src, int64_t n, float* dst) {

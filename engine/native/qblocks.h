@@ -189,6 +189,10 @@ using DotCols = void (*)(const uint8_t* w, size_t stride, const uint8_t* x, int 
 using QuantizeBlocks = void (*)(const float* x, ActBlock* y, int k);
 using QuantizeSupers = void (*)(const float* x, ActSuper* y, int k);
 
+// out[i] = silu(gate[i]) * up[i], i < n (out may be gate): a SwiGLU MLP's product, the same
+// bits in every table (exp_x86.h).
+using Swiglu = void (*)(const float* gate, const float* up, float* out, int n);
+
 struct Kernels {
   const char* isa;
   DotRows q4_0, q4_1, q5_0, q8_0, q4_k, q6_k;
@@ -196,6 +200,7 @@ struct Kernels {
   QuantizeSupers quantize_supers;
   DotCols q4_0_cols, q4_1_cols, q5_0_cols, q8_0_cols, q4_k_cols, q6_k_cols;
   DotX8 q4_k_x8, q6_k_x8, q8_0_x8, q5_0_x8, q4_1_x8;
+  Swiglu swiglu;
 };
 
 const Kernels& scalar_kernels();

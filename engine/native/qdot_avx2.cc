@@ -40,6 +40,7 @@
 #include "q4k_x8_x86.h"
 #include "q6k_x8_x86.h"
 #include "blocks_x8_x86.h"
+#include "exp_x86.h"
 
 namespace npq {
 
@@ -348,6 +349,21 @@ NPQ_AVX2 float quantize_run(const float* x, int8_t* q, int n) {
   return amax / 127.0f;
 }
 
+// Eight lanes at a time; a tail of fewer goes through the lanes padded with zeros (same bits).
+NPQ_AVX2 void swiglu(const float* gate, const float* up, float* out, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+    _mm256_storeu_ps(out + i, npuchat_exp::swiglu8(g, u));
+  }
+  if (i == n) return;
+  float g[8] = {}, u[8] = {}, o[8];
+  std::memcpy(g, gate + i, sizeof(float) * (n - i));
+  std::memcpy(u, up + i, sizeof(float) * (n - i));
+  _mm256_storeu_ps(o, npuchat_exp::swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+  std::memcpy(out + i, o, sizeof(float) * (n - i));
+}
+
 NPQ_AVX2 void quantize_blocks(const float* x, ActBlock* y, int k) {
   for (int b = 0; b < k / QK; ++b) {
     y[b].d = quantize_run(x + b * QK, y[b].qs, QK);
@@ -369,7 +385,8 @@ const Kernels* NPQ_ENTRY() {
                          by_rows<Q8_0K>,  by_rows<Q4_KK>, by_rows<Q6_KK>,  quantize_blocks,
                          quantize_supers, q4_0_cols,      q4_1_cols,       q5_0_cols,
                          q8_0_cols,       rows_one<Q4_KK>, rows_one<Q6_KK>, q4_k_x8,
-                         q6_k_x8,         q8_0_x8,         q5_0_x8,         q4_1_x8};
+                         q6_k_x8,         q8_0_x8,         q5_0_x8,         q4_1_x8,
+                         swiglu};
   __builtin_cpu_init();
   const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                   __builtin_cpu_supports("f16c") && NPQ_CPU_HAS;

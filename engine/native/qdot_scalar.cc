@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "exp_x86.h"
 #include "qblocks.h"
 
 namespace npq {
@@ -272,6 +273,10 @@ void quantize_supers(const float* x, ActSuper* y, int k) {
   }
 }
 
+void swiglu(const float* gate, const float* up, float* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = npuchat_exp::swiglu1(gate[i], up[i]);
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
@@ -294,7 +299,8 @@ const Kernels& scalar_kernels() {
                          q6_k_x8,
                          blocks_x8<Q8X8, dot_q8_0_x8>,
                          blocks_x8<Q5X8, dot_q5_0_x8>,
-                         blocks_x8<Q41X8, dot_q4_1_x8>};
+                         blocks_x8<Q41X8, dot_q4_1_x8>,
+                         swiglu};
   return k;
 }
 

@@ -25,8 +25,8 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -88,10 +88,6 @@ struct Job {
 };
 
 // silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
-inline float swiglu(float gate, float up) {
-  return gate * (1.0f / (1.0f + std::exp(-gate))) * up;
-}
-
 npq::DotRows kernel_for(const Kernels& k, int type) {
   switch (type) {
     case npq::Q4_0: return k.q4_0;
@@ -173,19 +169,27 @@ void run_tile(void* data, size_t t) {
       const int len = static_cast<int>(std::min(n1, b0 + block) - b0);
       products(j, b0, len, rows, count, nb, out);
       if (j.glu) products(j, width + b0, len, rows, count, nb, up);  // the up rows
+      // glu: every row's gate and up halves side by side (i * len + c), then silu(gate) * up
+      // in one call: its exp chains overlap across the rows
+      float gate[npq::MAX_ROWS * BLOCK_N], rise[npq::MAX_ROWS * BLOCK_N];
       for (int i = 0; i < count; ++i) {
-        float* y = j.y + (r0 + i) * width;
+        float* first = j.glu ? gate + i * len : j.y + (r0 + i) * width + b0;
         for (int c = 0; c < len; ++c) {
           const int64_t n = b0 + c;
           const float s = n < j.scaled_rows ? j.scale : 1.0f;
-          const float bias = j.bias != nullptr ? j.bias[n] : 0.0f;
-          if (!j.glu) {
-            y[n] = s * out[i * BLOCK_N + c] + bias;
-            continue;
-          }
-          const float bias_up = j.bias != nullptr ? j.bias[width + n] : 0.0f;
-          y[n] = swiglu(s * out[i * BLOCK_N + c] + bias, up[i * BLOCK_N + c] + bias_up);
+          first[c] = s * out[i * BLOCK_N + c] + (j.bias != nullptr ? j.bias[n] : 0.0f);
         }
+        if (!j.glu) continue;
+        for (int c = 0; c < len; ++c) {
+          const float bias = j.bias != nullptr ? j.bias[width + b0 + c] : 0.0f;
+          rise[i * len + c] = up[i * BLOCK_N + c] + bias;
+        }
+      }
+      if (!j.glu) continue;
+      j.kern->swiglu(gate, rise, gate, count * len);
+      for (int i = 0; i < count; ++i) {
+        std::memcpy(j.y + (r0 + i) * width + b0, gate + i * len,
+                    sizeof(float) * static_cast<size_t>(len));
       }
     }
   }
