@@ -205,7 +205,8 @@ def _profile(model: Any, threads: int | None, pad: int) -> dict[str, float]:
     dims = {"B": 1, "S": 1, "BS": 1, "N": 1, "C": 256, "A": 256, "W": 256, "R": 1, "P": pad}
     for i in sess.get_inputs():
         shape = [dims.get(d, d) if isinstance(d, str) else d for d in i.shape]
-        arr = np.zeros(shape, np.int64 if "int64" in i.type else np.float32)
+        kinds = {"tensor(int64)": np.int64, "tensor(float16)": np.float16}  # f16: the K/V cache
+        arr = np.zeros(shape, kinds.get(i.type, np.float32))
         values[i.name] = ort.OrtValue.ortvalue_from_numpy(arr)
         io.bind_ortvalue_input(i.name, values[i.name])
     for o in sess.get_outputs():

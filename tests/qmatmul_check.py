@@ -157,7 +157,7 @@ def layout_mismatches() -> list[str]:
             if glu:
                 both = regroup_rows(pair_halves(raw), qtype)
                 variants["regrouped, paired"] = session(both, qtype, k, glu=1, layout=1, paired=1)
-        for rows in (1, 2, 3, 4, 5, 9, 11):
+        for rows in (1, 2, 3, 4, 5, 6, 7, 9, 11):
             a = plain.run(None, {"x": x[:rows]})[0]
             for label, op in variants.items():
                 if not np.array_equal(a, op.run(None, {"x": x[:rows]})[0]):

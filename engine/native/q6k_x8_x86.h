@@ -53,7 +53,7 @@ NPQ_AVX2 inline Q6Quarters q6_unpack(const uint8_t* p) {
   return out;
 }
 
-// R activation rows (1..3): per half and run of four groups (gh), the four sub-blocks' sums
+// R activation rows (1..4): per half and run of four groups (gh), the four sub-blocks' sums
 // side by side for each row (5R integer registers live).
 template <int R>
 NPQ_AVX2 void q6_k_x8_rows(const Q6KX8* w, const uint8_t* const* x, int nb, float* out) {
@@ -95,22 +95,75 @@ NPQ_AVX2 void q6_k_x8_rows(const Q6KX8* w, const uint8_t* const* x, int nb, floa
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
-// rows (1..MAX_ROWS) activation rows, three at a time with 32 vector registers (four spill:
-// 8.8 ms for three rows of the 1.5B's LM head, 14.6 for four), else two.
-NPQ_AVX2 void q6_k_x8(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
-  const Q6KX8* q = reinterpret_cast<const Q6KX8*>(w);
-  constexpr int pass = NPQ_X8_PASS == 8 ? 3 : 2;
-  for (; rows > 0; x += pass, out += 8 * pass, rows -= pass) {
-    switch (rows) {
-      case 1: q6_k_x8_rows<1>(q, x, nb, out); break;
-#if NPQ_X8_PASS == 8
-      case 2: q6_k_x8_rows<2>(q, x, nb, out); break;
-      default: q6_k_x8_rows<3>(q, x, nb, out); break;
-#else
-      default: q6_k_x8_rows<2>(q, x, nb, out); break;
-#endif
+// R activation rows (5..8) in one pass: per half and run of four groups (gh), the sixteen
+// unpacked quarters stay in registers while each row's four sub-block sums run over them, so
+// a block is unpacked once for all the rows (q6_k_x8_rows unpacks it once per pass).
+template <int R>
+NPQ_AVX2 void q6_k_x8_wide(const Q6KX8* w, const uint8_t* const* x, int nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    prefetch_ahead(w, b);
+    const Q6KX8& q = w[b];
+    __m256i sumi[R];
+    for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      for (int gh = 0; gh < 2; ++gh) {
+        Q6Quarters v[4];  // groups 4 gh .. 4 gh + 3
+        for (int t = 0; t < 4; ++t) v[t] = q6_unpack(q.q[half][4 * gh + t][0]);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* y = reinterpret_cast<const ActSuper*>(x[r])[b].qs + 128 * half + 16 * gh;
+          __m256i dots[4];  // [quarter]: sub-block 8 * half + 2 * quarter + gh
+          for (int qq = 0; qq < 4; ++qq) dots[qq] = _mm256_setzero_si256();
+          for (int t = 0; t < 4; ++t) {
+            for (int qq = 0; qq < 4; ++qq) {
+              dots[qq] = dot_bcast(dots[qq], v[t].v[qq], y + 4 * t + 32 * qq);
+            }
+          }
+          for (int k = 0; k < 4; ++k) {
+            sumi[r] = q6_scaled(sumi[r], dots[k], q6_pair_scales(q, 4 * half + k), gh);
+          }
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q.d)));
+    for (int r = 0; r < R; ++r) {
+      const ActSuper& y = reinterpret_cast<const ActSuper*>(x[r])[b];
+      const __m256i total = _mm256_sub_epi32(sumi[r], q6_offset(q, y));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(y.d)),
+                               acc[r]);
     }
   }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+// rows (1..MAX_ROWS) activation rows. With 32 vector registers (AVX-512) in one pass: up to
+// four by q6_k_x8_rows (at four it spills, and still beats three plus one: a kernel harness
+// streaming 128 MB of blocks on one thread, 8.0-8.5 ms against 12.8-12.9), five to eight by
+// q6_k_x8_wide (5: 10.8-11.1 ms against 15.3-16.8 for three plus two; 8: 15.8-19.7 against
+// 17.9-21.0 for 3 + 3 + 2). With 16 (AVX2), two at a time.
+NPQ_AVX2 void q6_k_x8(const uint8_t* w, const uint8_t* const* x, int rows, int nb, float* out) {
+  const Q6KX8* q = reinterpret_cast<const Q6KX8*>(w);
+#if NPQ_X8_PASS == 8
+  switch (rows) {
+    case 1: q6_k_x8_rows<1>(q, x, nb, out); break;
+    case 2: q6_k_x8_rows<2>(q, x, nb, out); break;
+    case 3: q6_k_x8_rows<3>(q, x, nb, out); break;
+    case 4: q6_k_x8_rows<4>(q, x, nb, out); break;
+    case 5: q6_k_x8_wide<5>(q, x, nb, out); break;
+    case 6: q6_k_x8_wide<6>(q, x, nb, out); break;
+    case 7: q6_k_x8_wide<7>(q, x, nb, out); break;
+    default: q6_k_x8_wide<8>(q, x, nb, out); break;
+  }
+#else
+  for (; rows > 0; x += 2, out += 16, rows -= 2) {
+    if (rows == 1) {
+      q6_k_x8_rows<1>(q, x, nb, out);
+    } else {
+      q6_k_x8_rows<2>(q, x, nb, out);
+    }
+  }
+#endif
 }
 
 }  // namespace
