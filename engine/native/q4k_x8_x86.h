@@ -86,7 +86,7 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
   __m256 acc[R], accm[R];
   for (int r = 0; r < R; ++r) acc[r] = accm[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    prefetch_ahead(w, b);
+    if (ahead_for<R>) prefetch_ahead(w, b);
     const Q4KX8& q = w[b];
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();

@@ -103,7 +103,7 @@ NPQ_AVX2 void q6_k_x8_wide(const Q6KX8* w, const uint8_t* const* x, int nb, floa
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    prefetch_ahead(w, b);
+    if (ahead_for<R>) prefetch_ahead(w, b);
     const Q6KX8& q = w[b];
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();

@@ -16,6 +16,13 @@ namespace {
 // streamer alone leaves the next lines late: 4-row decode steps took 0.86-0.96x (1.5B) and
 // 0.90-0.96x (0.5B) of their time without it, one-row steps 0.98-1.01x (seven A/B runs; 1 and
 // 4 KB ahead did less). Past the end of the weights it is a hint to an address no one reads.
+// Eight rows are a prefill chunk's (run_tile: the tile's weights are in L2 for all but its first
+// group of rows), where the hints only take load slots: `ahead_for` leaves them out there (a
+// kernel harness, eight-row passes over a 32 KiB tile: Q4_K 5-7% faster without them, Q6_K 4%;
+// streaming from memory, 15-25% slower without).
+template <int R>
+constexpr bool ahead_for = R < 8;
+
 template <typename T>
 inline void prefetch_ahead(const T* w, int b) {
   constexpr uintptr_t AHEAD = 2048;
