@@ -30,7 +30,7 @@ NPQ_AVX2 void q8_0_x8_rows(const Q8X8* w, const uint8_t* const* x, int nb, float
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     const Q8X8& q = w[b];
-    prefetch_ahead(w, b);
+    if (ahead_for<R>) prefetch_ahead(w, b);
     __m256i sumi[R][C];
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();
@@ -103,7 +103,7 @@ NPQ_AVX2 void q5_0_x8_rows(const Q5X8* w, const uint8_t* const* x, int nb, float
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     const Q5X8& q = w[b];
-    prefetch_ahead(w, b);
+    if (ahead_for<R>) prefetch_ahead(w, b);
     const __m256i qh = load32(q.qh);
     __m256i sumi[R][C];  // nibble_dots' chains
     __m256i bias[R];
@@ -140,7 +140,7 @@ NPQ_AVX2 void q4_1_x8_rows(const Q41X8* w, const uint8_t* const* x, int nb, floa
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     const Q41X8& q = w[b];
-    prefetch_ahead(w, b);
+    if (ahead_for<R>) prefetch_ahead(w, b);
     __m256i sumi[R][C];  // nibble_dots' chains
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < C; ++c) sumi[r][c] = _mm256_setzero_si256();

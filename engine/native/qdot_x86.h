@@ -18,8 +18,8 @@ namespace {
 // 4 KB ahead did less). Past the end of the weights it is a hint to an address no one reads.
 // Eight rows are a prefill chunk's (run_tile: the tile's weights are in L2 for all but its first
 // group of rows), where the hints only take load slots: `ahead_for` leaves them out there (a
-// kernel harness, eight-row passes over a 32 KiB tile: Q4_K 5-7% faster without them, Q6_K 4%;
-// streaming from memory, 15-25% slower without).
+// kernel harness, eight-row passes over a 32 KiB tile: Q4_K 5-7% faster without them, Q8_0 and
+// Q5_0 4-6%, Q6_K 4%, Q4_1 the same; Q4_K streaming from memory, 15-25% slower without).
 template <int R>
 constexpr bool ahead_for = R < 8;
 
