@@ -91,6 +91,24 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
     __m256i sumi[R];
     for (int r = 0; r < R; ++r) sumi[r] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
+#if NPQ_INT16_SUMS
+      // AVX2's 16 registers: the low nibbles' sums, then the high ones' (R accumulators live,
+      // not 2R: at four rows those spilled; a harness of 8-row prefill passes over an L2 tile
+      // ran 1.1-1.3x faster this way, streaming 4-row passes the same)
+      for (int h = 0; h < 2; ++h) {
+        __m256i dots[R];
+        for (int r = 0; r < R; ++r) dots[r] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+          const __m256i raw = load32(q.qs[j][g]);
+          const __m256i nib = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, m4);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* y = reinterpret_cast<const ActSuper*>(x[r])[b].qs + 64 * j + 32 * h;
+            dots[r] = NPQ_X8_BACC(dots[r], nib, y + 4 * g);
+          }
+        }
+        for (int r = 0; r < R; ++r) sumi[r] = x8_scaled(sumi[r], dots[r], q, 2 * j + h);
+      }
+#else
       __m256i lo_dots[R], hi_dots[R];
       for (int r = 0; r < R; ++r) lo_dots[r] = hi_dots[r] = _mm256_setzero_si256();
       for (int g = 0; g < 8; ++g) {
@@ -106,6 +124,7 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
       for (int r = 0; r < R; ++r) {
         sumi[r] = x8_scaled(x8_scaled(sumi[r], lo_dots[r], q, 2 * j), hi_dots[r], q, 2 * j + 1);
       }
+#endif
     }
     for (int r = 0; r < R; ++r) {
       const ActSuper& y = reinterpret_cast<const ActSuper*>(x[r])[b];
