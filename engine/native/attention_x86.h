@@ -1,7 +1,7 @@
 // What the two AVX2 + FMA attention paths share (attention_avx2.cc: eight rows in the lanes;
 // attention_few_avx2.cc: slots or dims in the lanes for a few rows): the target attribute, the
-// softmax's exp (exp_x86.h's) and the copying of cache rows into an L1 block. One definition each, so both
-// paths compute the same bits.
+// softmax's exp (exp_x86.h's) and the copying of cache rows into an L1 block. One definition
+// each, so both paths compute the same bits.
 #pragma once
 #include <immintrin.h>
 

@@ -87,7 +87,6 @@ struct Job {
   bool paired;        // gate and up rows alternate in eights (glu)
 };
 
-// silu(gate) * up, as the ONNX graph computes it without the fused op: gate * sigmoid(gate) * up.
 npq::DotRows kernel_for(const Kernels& k, int type) {
   switch (type) {
     case npq::Q4_0: return k.q4_0;
