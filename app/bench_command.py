@@ -44,7 +44,8 @@ CHART_WIDTH = 40
 def cmd_bench(ctx: AppContext, args: argparse.Namespace, console: Console) -> int:
     model = args.bench_model or ctx.settings.model
     device = pick_device(args.bench_device or ctx.settings.device)
-    check_draft(args.bench_draft)
+    draft = "default" if args.bench_draft is None else args.bench_draft
+    check_draft(draft)
     threads = args.bench_threads or ctx.settings.threads or None
     if threads is not None and threads < 1:
         raise NpuchatError("--threads must be at least 1")
@@ -97,7 +98,7 @@ def cmd_bench(ctx: AppContext, args: argparse.Namespace, console: Console) -> in
                     kv_dtype=args.bench_kv_dtype or ctx.settings.kv_dtype,
                 ),
             )
-            spec = EngineSpec(model, args.bench_draft, device)
+            spec = EngineSpec(model, draft, device)
             session = open_engine(bench_ctx, spec, batch_max=BATCH_MAX.get(device, 1))
             run.attach(session)
             run.measure_all()

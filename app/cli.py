@@ -24,6 +24,7 @@ from .cli_args import (
     add_kv_dtype_argument,
     add_run_arguments,
 )
+from .cli_globals import apply_global_options
 from .text_safety import escape_controls
 
 EXIT_USAGE = 2
@@ -170,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .launch import launch_app
 
             return launch_app(args, console)
+        apply_global_options(args)
         return _dispatch(args, console)
     except NpuchatError as exc:
         print(f"npuchat: error: {escape_controls(str(exc))}", file=sys.stderr)

@@ -70,7 +70,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft",
         dest="bench_draft",
-        default="default",
         help="drafts for the speculation figures: NAME, NAME+lookup, lookup or none "
         "(default: the model's catalog draft, plus lookup)",
     )

@@ -7,6 +7,8 @@ import argparse
 
 from npuchat.engine.devices import DEVICE_CHOICES
 
+from ..cli_args import add_kv_dtype_argument
+
 DEFAULT_MAX_QUEUE = 16
 
 
@@ -16,6 +18,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--draft", dest="serve_draft", help="speculative drafts: lookup, NAME, default, none"
     )
     p.add_argument("--device", dest="serve_device", choices=DEVICE_CHOICES)
+    add_kv_dtype_argument(p, "serve_kv_dtype")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (needed beyond loopback)")

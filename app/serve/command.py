@@ -6,6 +6,7 @@ import argparse
 import errno
 import socket
 import sys
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -44,6 +45,8 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     device = args.serve_device or ctx.settings.device
     ctx.catalog.get(model)
     check_draft(draft)
+    if args.serve_kv_dtype:
+        ctx = replace(ctx, settings=replace(ctx.settings, kv_dtype=args.serve_kv_dtype))
     pick_device(device)
     err = Console(stderr=True)
     engine = open_concurrent_engine(
