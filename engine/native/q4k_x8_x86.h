@@ -94,10 +94,13 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
 #if NPQ_INT16_SUMS
       // AVX2's 16 registers: the low nibbles' sums, then the high ones' (R accumulators live,
       // not 2R: at four rows those spilled; a harness of 8-row prefill passes over an L2 tile
-      // ran 1.1-1.3x faster this way, streaming 4-row passes the same)
+      // ran 1.1-1.3x faster this way, streaming 4-row passes the same). Unrolled by four, not
+      // eight: fully unrolled, GCC loaded all eight groups' nibbles ahead and spilled them (39
+      // stack stores a block at four rows)
       for (int h = 0; h < 2; ++h) {
         __m256i dots[R];
         for (int r = 0; r < R; ++r) dots[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int g = 0; g < 8; ++g) {
           const __m256i raw = load32(q.qs[j][g]);
           const __m256i nib = _mm256_and_si256(h ? _mm256_srli_epi16(raw, 4) : raw, m4);
