@@ -47,6 +47,15 @@ COMMAND_DESTS: dict[str, dict[str, str]] = {
     "doctor": {"model": "doctor_model"},
 }
 
+# a flag a command has too, after it, with another meaning: what to say instead
+OTHER_MEANING = {
+    ("doctor", "device"): "put it after `doctor`, where it names the device to report on",
+    ("serve", "server_api_key"): (
+        "that one is the key for `--server`; `npuchat serve --api-key KEY` sets the key "
+        "clients must send"
+    ),
+}
+
 
 def apply_global_options(args: argparse.Namespace) -> None:
     """Move the options given before `args.command` onto the command's own (in place)."""
@@ -59,10 +68,10 @@ def apply_global_options(args: argparse.Namespace) -> None:
         if value is None:
             continue
         if dest not in own:
-            raise NpuchatError(
-                f"{flag} before `{command}` is not used by it; see `npuchat {command} --help` "
-                "for its options"
+            hint = OTHER_MEANING.get(
+                (command, dest), f"see `npuchat {command} --help` for its options"
             )
+            raise NpuchatError(f"{flag} before `{command}` is not used by it; {hint}")
         mine = getattr(args, own[dest])
         if mine is None:
             setattr(args, own[dest], value)

@@ -63,9 +63,10 @@ def test_a_model_before_the_command_is_the_one_it_loads(
         (["--model", "a", "run", "--model", "b", "-p", "x"], "--model is given twice (a before"),
         (["--draft", "none", "serve", "--draft", "lookup"], "--draft is given twice"),
         (["--model", "syn", "models"], "--model before `models` is not used by it"),
-        (["--device", "cpu", "doctor"], "--device before `doctor` is not used by it"),
+        (["--device", "cpu", "doctor"], "put it after `doctor`, where it names the device"),
         (["--server", "http://127.0.0.1:1", "run", "-p", "x"], "--server before `run`"),
         (["--kv-dtype", "f16", "pull", "x"], "--kv-dtype before `pull`"),
+        (["--api-key", "k", "serve"], "`npuchat serve --api-key KEY` sets the key clients"),
     ],
 )
 def test_options_a_command_cannot_take_are_one_line_errors(
