@@ -298,8 +298,13 @@ def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(
 
     ids = _ids(model, 20)
     first = model.prefill(ids)
-    # what the graph reads from the file directly: a page per norm and per bias, at most
-    assert resident_kib() <= 4 * (3 * model.config.n_layers + 2)
+    # what the graph reads from the file directly: a page or two per norm and per bias (one
+    # may straddle pages, and the kernel's MADV_PAGEOUT may leave a page or its fault path map
+    # a neighbour: 28 KiB alone, 36 KiB once inside the suite), far below the pages the
+    # release dropped (188 KiB here), which generation must not read back
+    resident = resident_kib()
+    assert resident <= 8 * (3 * model.config.n_layers + 2)
+    assert resident * 1024 < model.released_bytes / 2
     model.rollback(0)
     np.testing.assert_array_equal(model.prefill(ids), first)
     model.close()
