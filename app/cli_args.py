@@ -28,6 +28,11 @@ def add_kv_dtype_argument(p: argparse.ArgumentParser, dest: str) -> None:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="run_model", help="model name (default: from settings)")
+    p.add_argument(
+        "text",
+        nargs="*",
+        help="the prompt, its words joined by spaces (or --prompt; neither: standard input)",
+    )
     p.add_argument("--prompt", "-p", help="the prompt (default: read standard input)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--system-file", type=Path, help="read the system prompt from a file")

@@ -105,10 +105,22 @@ def _read_stdin() -> str:
         ) from exc
 
 
+def _prompt(args: argparse.Namespace) -> str:
+    """The prompt: the words after `run` (as `ollama run` and `llm` take it), --prompt, or
+    standard input; given both ways it is refused rather than one silently dropped."""
+    if args.text and args.prompt is not None:
+        raise NpuchatError("the prompt is given twice (as text and with --prompt): give it one way")
+    if args.text:
+        return " ".join(args.text)
+    return args.prompt if args.prompt is not None else _read_stdin()
+
+
 def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
-    prompt = args.prompt if args.prompt is not None else _read_stdin()
+    prompt = _prompt(args)
     if not prompt.strip():
-        raise NpuchatError("the prompt is empty: pass --prompt TEXT or pipe text on stdin")
+        raise NpuchatError(
+            "the prompt is empty: give it after `run`, with --prompt TEXT, or on stdin"
+        )
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,

@@ -45,6 +45,23 @@ def test_plain_output_matches_json_text(syn: Path, capsys: pytest.CaptureFixture
     assert plain.rstrip("\n") == "".join(t["text"] for t in tokens).rstrip("\n")
 
 
+def test_prompt_as_words_after_run(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`npuchat run the fox` is `npuchat run -p "the fox"` (options before or after the words)."""
+    flags = ["-n", "6", "-t", "0", "--json", "--draft", "none"]
+    runs = {}
+    for name, args in {
+        "given": ["-p", "the fox", *flags],
+        "words": [*flags, "the", "fox"],
+        "one word": ["the", *flags],
+    }.items():
+        assert main(["run", "--model", "syn", *args]) == 0
+        tokens, last = _json_lines(capsys.readouterr().out)
+        m = last["metrics"]  # a later run reuses the earlier ones' cached prefix
+        runs[name] = ([t["id"] for t in tokens], m["prefill_tokens"] + m["reused_tokens"])
+    assert runs["words"] == runs["given"] and runs["words"][0]
+    assert runs["one word"][1] < runs["words"][1]  # the second word was not dropped
+
+
 def test_raw_prompt_skips_the_template(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--model", "syn", "-p", "hello world", "-n", "2", "--raw", "--json"]) == 0
     _, last = _json_lines(capsys.readouterr().out)
@@ -80,6 +97,7 @@ def test_saved_conversation_continues_and_reuses_system_prefix(
     ("args", "needle"),
     [
         (["run", "--model", "syn", "-p", "  "], "the prompt is empty"),
+        (["run", "--model", "syn", "hello", "-p", "the fox"], "the prompt is given twice"),
         (["run", "--model", "syn", "-p", "x", "--draft", "qwen2.5-coder-0.5b"], "--draft none"),
         (["run", "--model", "syn", "-p", "x", "--system-file", "/no/file"], "--system-file"),
         (["run", "--model", "syn", "-p", "x", "--conversation", "nope"], "does not exist"),
