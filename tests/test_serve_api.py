@@ -285,6 +285,18 @@ def _chat(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": USER, **fields}
 
 
+def test_a_request_without_a_model_is_answered_by_the_served_one() -> None:
+    """llama-server's and vLLM's examples send no `model`; a one-model server answers them."""
+    engine = ScriptedEngine([ScriptedReply(["Hello"]), ScriptedReply(["text"])])
+    with serving(engine) as (server, _):
+        chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": USER})
+        text = httpx.post(server.url + "/v1/completions", json={"prompt": "a"})
+    assert chat.status_code == 200 and text.status_code == 200
+    assert chat.json()["model"] == MODEL == text.json()["model"]
+    assert chat.json()["choices"][0]["message"]["content"] == "Hello"
+    assert text.json()["choices"][0]["text"] == "text"
+
+
 def test_full_queue_answers_429_with_retry_after() -> None:
     held = ScriptedReply(["first"], hold_at=0)
     engine = ScriptedEngine([held, ScriptedReply(["second"])])

@@ -123,8 +123,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, 
     return False, None
 
 
-def _check_model(service: Service, name: str) -> None:
-    if name != service.model.id:
+def _check_model(service: Service, name: str | None) -> None:
+    if name is not None and name != service.model.id:
         raise ApiError(
             404,
             f"the model '{name}' does not exist here; this server serves '{service.model.id}'",

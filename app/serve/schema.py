@@ -118,9 +118,10 @@ class StreamOptions(_Model):
 
 class _Sampling(_Model):
     """Sampling fields shared by both endpoints; `top_k`, `min_p`, `repeat_penalty` are
-    llama-server's extensions, `priority` and `conversation_id` are npuchat's."""
+    llama-server's extensions, `priority` and `conversation_id` are npuchat's. `model` may be
+    left out, as llama-server and vLLM allow: the one model this server serves answers."""
 
-    model: str
+    model: str | None = None
     # types only: the values are checked by the engine's own rule (`sampling_domain`)
     temperature: float | None = None
     top_p: float | None = None
