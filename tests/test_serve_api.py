@@ -297,6 +297,21 @@ def test_a_request_without_a_model_is_answered_by_the_served_one() -> None:
     assert text.json()["choices"][0]["text"] == "text"
 
 
+def test_the_api_at_the_root_as_llama_server_serves_it() -> None:
+    """A client given the address without /v1 works, and the key guards those paths too."""
+    engine = ScriptedEngine([ScriptedReply(["Hello"])])
+    with serving(engine, api_key="k") as (server, _):
+        bare = openai.OpenAI(base_url=server.url, api_key="k", max_retries=0)
+        assert (
+            bare.chat.completions.create(model=MODEL, messages=USER).choices[0].message.content
+            == "Hello"
+        )
+        assert [m.id for m in bare.models.list()] == [MODEL]
+        assert httpx.post(server.url + "/chat/completions", json=_chat()).status_code == 401
+        assert httpx.post(server.url + "/completions", json=_chat()).status_code == 401
+        assert httpx.get(server.url + "/models").status_code == 401
+
+
 def test_full_queue_answers_429_with_retry_after() -> None:
     held = ScriptedReply(["first"], hold_at=0)
     engine = ScriptedEngine([held, ScriptedReply(["second"])])

@@ -86,11 +86,20 @@ async def _bug(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=500)
 
 
+_API = [
+    ("/chat/completions", routes.chat_completions, "POST"),
+    ("/completions", routes.completions, "POST"),
+    ("/models", routes.models, "GET"),
+    ("/models/{name:path}", routes.model, "GET"),
+]
+# the API under /v1 and, as llama-server serves it, at the root too: a client given the
+# server's address without /v1 as its base URL works
 _ROUTES = [
-    Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
-    Route("/v1/completions", routes.completions, methods=["POST"]),
-    Route("/v1/models", routes.models, methods=["GET"]),
-    Route("/v1/models/{name:path}", routes.model, methods=["GET"]),
+    *(
+        Route(root + path, call, methods=[verb])
+        for root in ("/v1", "")
+        for path, call, verb in _API
+    ),
     Route("/health", routes.health, methods=["GET"]),
     Route("/metrics", routes.prometheus, methods=["GET"]),
 ]
