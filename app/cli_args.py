@@ -33,7 +33,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         help="the prompt, its words joined by spaces (or --prompt; neither: standard input)",
     )
-    p.add_argument("--prompt", "-p", help="the prompt (default: read standard input)")
+    p.add_argument("--prompt", "-p", help="the prompt (instead of the words after `run`)")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--system-file", type=Path, help="read the system prompt from a file")
     p.add_argument("--raw", action="store_true", help="no chat template; special tokens parsed")

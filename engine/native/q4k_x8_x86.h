@@ -133,8 +133,9 @@ NPQ_AVX2 void q4_k_x8_rows(const Q4KX8* w, const uint8_t* const* x, int nb, floa
       __m256i lo_dots[R], hi_dots[R];
       for (int r = 0; r < R; ++r) lo_dots[r] = hi_dots[r] = _mm256_setzero_si256();
       if constexpr (R >= 5 && R < 8) {
-        // five to seven rows (verify and mixed steps, streaming): unrolled by two, 3-18% faster
-        // in a kernel harness (five rows the most); eight (prefill, L2 tile) 10% slower so
+        // five to seven rows (verify and mixed steps, streaming): unrolled by two, 2-20% faster
+        // in a kernel harness (five rows the most); eight rows (prefill, an L2 tile) ran 10%
+        // slower that way and keep the full unroll
 #pragma GCC unroll 2
         for (int g = 0; g < 8; ++g) x8_group<R>(q, x, b, j, g, m4, lo_dots, hi_dots);
       } else {
