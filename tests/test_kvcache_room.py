@@ -3,6 +3,9 @@ a prompt read in parts keeps the cache where it was put."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
 import threading
 import time
 
@@ -94,3 +97,58 @@ def test_pages_are_faulted_in_at_a_fraction_of_a_core() -> None:
     wall = time.perf_counter() - wall
     assert buffer.ready(0, buffer.flat.size)
     assert cpu < 0.5 * wall, (cpu, wall)
+
+
+def _resident_pages(buffer: ReservedBuffer) -> tuple[int, int]:
+    """(resident, all) whole pages of the buffer, by `mincore`."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    page = mmap.PAGESIZE
+    lo = -(-buffer.flat.ctypes.data // page) * page
+    hi = (buffer.flat.ctypes.data + buffer.flat.nbytes) // page * page
+    vec = (ctypes.c_ubyte * ((hi - lo) // page))()
+    assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) == 0
+    return sum(b & 1 for b in vec), len(vec)
+
+
+@pytest.mark.parametrize("populate", [True, False])
+def test_prefault_makes_every_page_of_the_range_resident_and_release_drops_them(
+    populate: bool,
+) -> None:
+    """Faulted in piece by piece (`PREFAULT_PIECE`) from an offset inside a page, no page of
+    the range is skipped; released, none stays (the buffer's 4 KiB pages: each goes alone).
+    `populate` False: a kernel without `MADV_POPULATE_WRITE`, where the pages are touched."""
+    buffer = ReservedBuffer((8 << 20) + 123, np.dtype(np.float32))  # 32 MiB and a bit
+    buffer._populate = populate
+    buffer.release(0)
+    assert _resident_pages(buffer)[0] == 0
+    buffer.flat[:777] = 1.0  # live data below the range, on its first page, keeps its values
+    buffer.prefault(777, buffer.flat.size)
+    buffer.join()
+    resident, pages = _resident_pages(buffer)
+    assert resident == pages
+    assert np.all(buffer.flat[:777] == 1.0)
+    buffer.release(1 << 20)  # keeps the first 4 MiB
+    resident, _ = _resident_pages(buffer)
+    assert resident == (4 << 20) // mmap.PAGESIZE
+    assert np.all(buffer.flat[:777] == 1.0)
+
+
+def test_the_buffer_is_not_backed_by_huge_pages() -> None:
+    """A huge page is a 2 MiB fault that the prefault cannot cut into slices (`kv_pages`)."""
+    buffer = ReservedBuffer(16 << 20, np.dtype(np.float32))  # 64 MiB: huge-page sized
+    buffer.prefault(0, buffer.flat.size)
+    buffer.join()
+    lo, hi = buffer.flat.ctypes.data, buffer.flat.ctypes.data + buffer.flat.nbytes
+    huge_kb, seen = 0, 0  # over the mappings the buffer lies in (advice splits them)
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start < hi and lo < end
+                seen += (min(hi, end) - max(lo, start)) if inside else 0
+            elif inside and head == "AnonHugePages:":
+                huge_kb += int(line.split()[1])
+    assert seen == buffer.flat.nbytes
+    assert huge_kb == 0
