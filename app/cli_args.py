@@ -43,6 +43,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="-2 to 2, taken off a token's logit if it is among the last 64 (OpenAI's)",
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="-2 to 2, taken off for every time the token is among the last 64",
+    )
     p.add_argument("--seed", type=int, help="random seed (-1 or absent: a random one)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")

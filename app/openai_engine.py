@@ -162,6 +162,8 @@ class OpenAIEngine:
             "temperature": s.temperature,
             "top_p": s.top_p,
             "max_tokens": s.max_tokens,
+            "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty,
             "stream": True,
             "stream_options": {"include_usage": True},
         }

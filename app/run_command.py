@@ -127,6 +127,8 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         top_p=args.top_p,
         min_p=args.min_p,
         repeat_penalty=args.repeat_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
         seed=None if args.seed == -1 else args.seed,  # -1 = random, as in llama.cpp
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),

@@ -28,7 +28,7 @@ import numpy as np
 from .events import SamplingParams
 from .model import Model
 from .prefix_store import common_prefix_len
-from .sampler import distribution, draw, is_greedy
+from .sampler import distribution, draw, is_greedy, penalised
 from .sequence import Sequence as KVSequence
 
 __all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "RecentTimes", "ema"]
@@ -193,7 +193,7 @@ class ModelDrafter(Drafter):
         t0 = time.perf_counter()
         logits = self._sync(context)
         t1 = time.perf_counter()
-        greedy = is_greedy(params) and params.repeat_penalty == 1.0
+        greedy = is_greedy(params) and not penalised(params)
         hist = list(history)
         tokens: list[int] = []
         qs: list[np.ndarray] | None = None if greedy else []

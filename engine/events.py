@@ -65,6 +65,8 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token seen in the window
+    frequency_penalty: float = 0.0  # and this much again for every time it was seen
     seed: int | None = None
     max_tokens: int = 1024
     stop: tuple[str, ...] = ()

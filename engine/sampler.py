@@ -1,6 +1,7 @@
 """Logits → next token, on the host.
 
-The warps run in llama.cpp's order: repetition penalty, top-k, top-p, min-p, temperature. They are
+The warps run in llama.cpp's order: the penalties (repetition, then presence and frequency over
+the same window of recent tokens), top-k, top-p, min-p, temperature. They are
 split from the draw (`distribution` then `draw`) because speculative decoding needs the exact
 distribution the plain sampler would draw from, for the target and the draft alike: the
 acceptance rule compares p(x) and q(x) after the same warps.
@@ -17,16 +18,31 @@ from .events import SamplingParams
 REPEAT_WINDOW = 64  # tokens of history the repetition penalty looks at (llama.cpp's default)
 
 
-def apply_repeat_penalty(
-    logits: np.ndarray, history: Sequence[int], penalty: float, window: int = REPEAT_WINDOW
+def penalised(params: SamplingParams) -> bool:
+    """Whether any penalty changes the logits (else the argmax needs no copy of them)."""
+    return (
+        params.repeat_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+
+
+def apply_penalties(
+    logits: np.ndarray, history: Sequence[int], params: SamplingParams, window: int = REPEAT_WINDOW
 ) -> np.ndarray:
-    """llama.cpp's rule: a seen token's positive logit is divided, a negative one multiplied."""
-    if penalty == 1.0 or not history:
+    """llama.cpp's penalties over the last `window` tokens: a seen token's positive logit is
+    divided by the repetition penalty, a negative one multiplied; then OpenAI's presence
+    penalty is subtracted once and the frequency penalty once per occurrence (negative values
+    favour the seen tokens instead)."""
+    if not penalised(params) or not history:
         return logits
     out = logits.copy()
-    seen = np.unique(np.asarray(history[-window:], dtype=np.int64))
+    seen, counts = np.unique(np.asarray(history[-window:], dtype=np.int64), return_counts=True)
     vals = out[seen]
-    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    if params.repeat_penalty != 1.0:
+        penalty = params.repeat_penalty
+        vals = np.where(vals > 0, vals / penalty, vals * penalty)
+    out[seen] = vals - params.presence_penalty - params.frequency_penalty * counts
     return out
 
 
@@ -41,7 +57,7 @@ def distribution(
 
     Greedy settings give a one-hot vector at the argmax, so "sampling" from it is exact greedy.
     """
-    x = apply_repeat_penalty(np.asarray(logits, dtype=np.float64), history, params.repeat_penalty)
+    x = apply_penalties(np.asarray(logits, dtype=np.float64), history, params)
     vocab = x.shape[0]
     out = np.zeros(vocab, dtype=np.float64)
     if is_greedy(params):
@@ -88,7 +104,7 @@ class Sampler:
         return distribution(logits, self.params, self.history)
 
     def sample(self, logits: np.ndarray) -> int:
-        if is_greedy(self.params) and self.params.repeat_penalty == 1.0:
+        if is_greedy(self.params) and not penalised(self.params):
             token = int(np.argmax(logits))  # skip building a dense vector on the hot path
         else:
             token = draw(self.probs(logits), self.rng)

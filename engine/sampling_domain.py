@@ -51,9 +51,12 @@ DOMAINS: dict[str, Domain] = {
     "top_p": Domain(0.0, 1.0, above_low=True),
     "min_p": Domain(0.0, 1.0),
     "repeat_penalty": Domain(0.0, 10.0, above_low=True),
+    "presence_penalty": Domain(-2.0, 2.0),  # OpenAI's range
+    "frequency_penalty": Domain(-2.0, 2.0),
     "max_tokens": Domain(1, 1_000_000, whole=True),
 }
-"""temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off; repeat_penalty 1 = off."""
+"""temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off; repeat_penalty 1 = off;
+presence_penalty and frequency_penalty 0 = off."""
 
 
 SAMPLING_FIELDS = (*DOMAINS, "seed", "stop")

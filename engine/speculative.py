@@ -37,7 +37,7 @@ import numpy as np
 
 from .drafters import Draft, Drafter, RecentTimes, ema
 from .model import Model
-from .sampler import Sampler, apply_repeat_penalty, distribution, draw, is_greedy
+from .sampler import Sampler, apply_penalties, distribution, draw, is_greedy
 from .sequence import Sequence
 
 __all__ = ["CostModel", "SpecStats", "SpeculativeDecoder", "residual"]
@@ -350,11 +350,10 @@ class SpeculativeDecoder:
         self, rows: np.ndarray, drafts: list[int], sampler: Sampler
     ) -> tuple[int, int, list[bool]]:
         """(accepted count, next token, per-draft outcomes): the target's argmax, row by row."""
-        penalty = sampler.params.repeat_penalty
         hist = list(sampler.history)
         outcomes: list[bool] = []
         for i in range(len(drafts) + 1):
-            row = apply_repeat_penalty(rows[i], hist, penalty) if penalty != 1.0 else rows[i]
+            row = apply_penalties(rows[i], hist, sampler.params)
             top = int(np.argmax(row))
             if i < len(drafts) and top == drafts[i]:
                 outcomes.append(True)

@@ -62,6 +62,9 @@ BAD_RUN_VALUES = [
     ("--repeat-penalty", "0"),
     ("--repeat-penalty", "-1"),
     ("--repeat-penalty", "inf"),
+    ("--presence-penalty", "2.5"),
+    ("--presence-penalty", "nan"),
+    ("--frequency-penalty", "-3"),
     ("--seed", "-2"),
     ("--max-tokens", "0"),
     ("--stop", ""),
@@ -124,6 +127,8 @@ finite = st.floats(allow_nan=True, allow_infinity=True, width=64)
     top_p=finite,
     min_p=finite,
     repeat_penalty=finite,
+    presence_penalty=finite,
+    frequency_penalty=finite,
     top_k=st.integers(-10, 10**7),
     logits=st.lists(st.floats(-30, 30), min_size=2, max_size=40),
 )
@@ -132,6 +137,8 @@ def test_every_accepted_sampling_value_gives_a_probability_distribution(
     top_p: float,
     min_p: float,
     repeat_penalty: float,
+    presence_penalty: float,
+    frequency_penalty: float,
     top_k: int,
     logits: list[float],
 ) -> None:
@@ -140,6 +147,8 @@ def test_every_accepted_sampling_value_gives_a_probability_distribution(
         top_p=top_p,
         min_p=min_p,
         repeat_penalty=repeat_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
         top_k=top_k,
     )
     try:

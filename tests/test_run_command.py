@@ -62,6 +62,26 @@ def test_prompt_as_words_after_run(syn: Path, capsys: pytest.CaptureFixture[str]
     assert runs["one word"][1] < runs["words"][1]  # the second word was not dropped
 
 
+def test_presence_and_frequency_penalties_reach_the_sampler(
+    syn: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Greedy, a reply that repeats a token changes under a frequency penalty; none given, the
+    run equals one with both at 0."""
+    base = ["run", "--model", "syn", "-p", "the fox", "-n", "24", "-t", "0", "--json"]
+    replies = {}
+    for name, extra in {
+        "none": [],
+        "zero": ["--presence-penalty", "0", "--frequency-penalty", "0"],
+        "penalised": ["--presence-penalty", "2", "--frequency-penalty", "2"],
+    }.items():
+        assert main([*base, "--draft", "none", *extra]) == 0
+        tokens, _ = _json_lines(capsys.readouterr().out)
+        replies[name] = [t["id"] for t in tokens]
+    assert replies["none"] == replies["zero"]
+    assert len(set(replies["none"])) < len(replies["none"])  # the synthetic model repeats
+    assert replies["penalised"] != replies["none"]
+
+
 def test_raw_prompt_skips_the_template(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--model", "syn", "-p", "hello world", "-n", "2", "--raw", "--json"]) == 0
     _, last = _json_lines(capsys.readouterr().out)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from npuchat.engine.events import SamplingParams
-from npuchat.engine.sampler import Sampler, apply_repeat_penalty, distribution, draw
+from npuchat.engine.sampler import Sampler, apply_penalties, distribution, draw
 
 # softmax of these at T=1: [0.6439, 0.2369, 0.0871, 0.0321] (checked by hand with exp())
 LOGITS = np.array([2.0, 1.0, 0.0, -1.0, -30.0], dtype=np.float32)
@@ -59,8 +59,29 @@ def test_temperature_sharpens_and_flattens() -> None:
 
 
 def test_repeat_penalty_rule() -> None:
-    out = apply_repeat_penalty(np.array([2.0, -2.0, 1.0]), [0, 1], 2.0)
+    out = apply_penalties(np.array([2.0, -2.0, 1.0]), [0, 1], _p(repeat_penalty=2.0))
     np.testing.assert_allclose(out, [1.0, -4.0, 1.0])
+
+
+def test_presence_and_frequency_penalties_follow_openais_formula() -> None:
+    """logit - count * frequency - (count > 0) * presence, written out by hand, after the
+    repetition penalty; only the last `REPEAT_WINDOW` tokens count (llama.cpp's window)."""
+    logits = np.array([2.0, -2.0, 1.0, 0.5])
+    history = [3] * 100 + [0, 1, 1, 0, 1]  # the 3s fall out of the window but for 59 of them
+    params = _p(repeat_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(logits, history, params)
+    want = [2.0 / 2 - 0.5 - 2 * 0.25, -2.0 * 2 - 0.5 - 3 * 0.25, 1.0, 0.5 / 2 - 0.5 - 59 * 0.25]
+    np.testing.assert_allclose(out, want)
+    favoured = apply_penalties(logits, [2], _p(presence_penalty=-1.0, frequency_penalty=-0.5))
+    np.testing.assert_allclose(favoured, [2.0, -2.0, 2.5, 0.5])
+
+
+def test_greedy_sampler_with_a_frequency_penalty_moves_off_a_repeated_token() -> None:
+    """The argmax fast path is not taken when a penalty is set: the leading token, once
+    sampled twice, loses to the runner-up."""
+    logits = np.array([3.0, 2.6, 0.0])
+    sampler = Sampler(_p(temperature=0.0, frequency_penalty=0.3))
+    assert [sampler.sample(logits) for _ in range(3)] == [0, 0, 1]
 
 
 def test_seed_reproducible_and_different_seeds_differ() -> None:

@@ -56,6 +56,11 @@ def test_chat_reply_carries_the_request_and_the_engine_figures() -> None:
             max_tokens=50,
             seed=7,
             stop=["zz"],
+            presence_penalty=0.5,
+            frequency_penalty=-0.25,
+            logprobs=False,  # what clients send by default is taken
+            logit_bias={},
+            response_format={"type": "text"},
         )
     assert r.choices[0].message.content == "Hello, world"
     assert r.choices[0].finish_reason == "stop"
@@ -64,6 +69,7 @@ def test_chat_reply_carries_the_request_and_the_engine_figures() -> None:
     assert req.messages == (ChatMessage("user", "Hi"),)
     s = req.sampling
     assert (s.temperature, s.top_p, s.max_tokens, s.seed, s.stop) == (0, 0.5, 50, 7, ("zz",))
+    assert (s.presence_penalty, s.frequency_penalty) == (0.5, -0.25)
     figures = engine.metrics_at(req, 2)
     assert r.usage is not None
     assert r.usage.prompt_tokens == figures.prefill_tokens + figures.reused_tokens

@@ -12,6 +12,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +153,26 @@ def test_greedy_output_equals_target_only(
     assert drafted > 0
     if mode != "other":
         assert accepted > 0  # the related draft and lookup get some right: the paths ran
+
+
+def test_greedy_with_presence_and_frequency_penalties_equals_target_only(
+    target: ChatSession, draft_model: Model
+) -> None:
+    """The penalties change greedy decoding (the seen tokens' logits go down), and verify rows
+    accepted under them give the target-only tokens: the acceptance applies them row by row
+    with each accepted draft added to the history, as the plain sampler does."""
+    vocab = target.model.config.vocab_size
+    prompts = _prompts(vocab, 8, seed=31)
+    params = replace(GREEDY, presence_penalty=1.5, frequency_penalty=0.75)
+    target.use_drafters([])
+    unpenalised = [complete_ids(target, p, GREEDY) for p in prompts]
+    plain = [complete_ids(target, p, params) for p in prompts]
+    assert plain != unpenalised
+    spec = SpeculativeDecoder(
+        target.model, [LookupDrafter(), ModelDrafter(draft_model, "draft")], fixed_k=4
+    )
+    drafted, accepted = assert_speculation_exact(target, spec, prompts, plain, params)
+    assert drafted > 0 and accepted > 0
 
 
 def test_adaptive_lookup_cut_to_its_chosen_k_equals_target_only(target: ChatSession) -> None:

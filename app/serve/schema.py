@@ -1,11 +1,12 @@
 """The OpenAI request schema, validated with pydantic and turned into the engine's `ChatRequest`.
 
-Fields OpenAI defines and npuchat cannot honour (n > 1, images, a forced tool choice) are
-refused with a 400 that names the field, rather than silently ignored; fields unknown to the
-schema are ignored, as OpenAI-compatible servers do, so newer clients keep working. Sampling values
-outside the engine's domains (`engine.sampling_domain`: a negative temperature, top_p outside
-(0, 1], ...) and max_tokens beyond the context are refused here, before a request is queued,
-by the same rule the engine applies.
+Fields OpenAI defines and npuchat cannot honour (n > 1, images, a forced tool choice, log
+probabilities, a logit bias, JSON mode) are refused with a 400 that names the field, rather than
+silently ignored; fields unknown to the schema are ignored, as OpenAI-compatible servers do, so
+newer clients keep working. Sampling values outside the engine's domains
+(`engine.sampling_domain`: a negative temperature, top_p outside (0, 1], ...) and max_tokens
+beyond the context are refused here, before a request is queued, by the same rule the engine
+applies.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class _Sampling(_Model):
     top_k: int | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -136,6 +139,35 @@ class _Sampling(_Model):
     stream_options: StreamOptions | None = None
     priority: Priority = "interactive"
     conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    # OpenAI's, refused when asked for (the module doc): their defaults are taken
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if value:  # false, 0 and null are what a client sends by default
+            raise ValueError("log probabilities are not supported; leave it out")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported; leave it out")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError(
+                'only {"type": "text"} is supported (no JSON mode); ask for JSON in '
+                "the prompt instead"
+            )
+        return value
 
     @field_validator("n")
     @classmethod
@@ -174,6 +206,8 @@ class _Sampling(_Model):
             repeat_penalty=base.repeat_penalty
             if self.repeat_penalty is None
             else self.repeat_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed,
             max_tokens=max_tokens,
             stop=self.stops(),
