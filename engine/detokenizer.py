@@ -89,6 +89,10 @@ class StreamDecoder:
         self._pending = buf[cut:]
         return buf[:cut].decode("utf-8", errors="replace")
 
+    def piece(self, token_id: int) -> bytes:
+        """One token's own bytes, as `push` reads them."""
+        return self._tok.piece_bytes(token_id, special=self._special)
+
     def flush(self) -> str:
         """Whatever is still held back (an unfinished character becomes U+FFFD)."""
         out = self._pending.decode("utf-8", errors="replace")

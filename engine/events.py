@@ -67,6 +67,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token seen in the window
     frequency_penalty: float = 0.0  # and this much again for every time it was seen
+    logprobs: int | None = None  # each token's log probability, with this many likeliest
     seed: int | None = None
     max_tokens: int = 1024
     stop: tuple[str, ...] = ()
@@ -148,15 +149,30 @@ class Metrics:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log probability under the model at its step (`engine.logprobs`), with its
+    bytes and text (a character split over tokens shows as U+FFFD) so that no front end needs
+    the tokenizer; `top`: the likeliest tokens at that step, most likely first."""
+
+    token: int
+    text: str
+    piece: bytes
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenDelta:
     """New reply text (never half a UTF-8 character) and the ids of the tokens sampled for it.
 
     Text can lag its ids (a character split over tokens, a possible stop string held back), so
-    `ids` may come with empty text and text with no ids.
+    `ids` may come with empty text and text with no ids. `logprobs`: one per id, when the
+    request asked for them (`SamplingParams.logprobs`).
     """
 
     text: str
     ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Shared by the single-stream `ChatSession` and the concurrent engine: the prompt 
 prefilled into `seq` (what was reused and what was run is in the arguments), and this loop turns
 the logits after it into `Event`s until a stop, the length limit or a cancel. With a speculative
 decoder it advances by draft-and-verify rounds while `speculate()` allows (the concurrent engine
-allows it only while the sequence runs alone), otherwise by single decode steps.
+allows it only while the sequence runs alone), otherwise by single decode steps. A request for
+log probabilities decodes by single steps: each token's comes from its own step's logits.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from .events import (
     SamplingParams,
     StopReason,
     TokenDelta,
+    TokenLogprob,
 )
+from .logprobs import token_logprob
 from .sampler import Sampler
 from .sequence import Sequence
 from .speculative import SpeculativeDecoder
@@ -66,7 +69,15 @@ def stream_reply(
     )
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
-    spec = speculative
+    want = params.logprobs
+    spec = speculative if want is None else None
+
+    def sample(logits: np.ndarray) -> tuple[int, tuple[TokenLogprob, ...]]:
+        token = sampler.sample(logits)
+        if want is None:
+            return token, ()
+        return token, (token_logprob(logits, token, want, detok.piece),)
+
     if spec is not None:
         spec.new_reply()
     generated = 0
@@ -99,7 +110,8 @@ def stream_reply(
 
     stop: StopReason | None = None
     # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache
-    queue = [sampler.sample(logits)]
+    first, probs = sample(logits)
+    queue = [first]
     now = clock()
     while True:
         for j, token in enumerate(queue):
@@ -111,7 +123,7 @@ def stream_reply(
                 stop = "eos"
             else:
                 text, hit = stops.feed(detok.push(token))
-                yield TokenDelta(text, (token,))
+                yield TokenDelta(text, (token,), probs)
                 if hit:
                     stop = "stop_string"
                 elif generated >= params.max_tokens:
@@ -135,10 +147,12 @@ def stream_reply(
             break
         if spec is None or (speculate is not None and not speculate()):
             logits = seq.decode(token)
-            queue = [sampler.sample(logits)]
+            first, probs = sample(logits)
+            queue = [first]
         else:
             budget = params.max_tokens - generated
             _, queue = spec.advance(seq, token, sampler, budget)
+            probs = ()  # (none asked for: `want` turns drafting off)
     # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
     # bytes of a half-sampled character are dropped, never stored as U+FFFD
     cut = stop is None or stop == "max_tokens"

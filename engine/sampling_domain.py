@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .errors import NpuchatError
 from .events import SamplingParams
+from .logprobs import MAX_TOP_LOGPROBS
 
 MAX_SEED = 2**64 - 1
 
@@ -74,6 +75,13 @@ def sampling_problems(params: SamplingParams) -> list[tuple[str, str]]:
         isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED
     ):
         problems.append(("seed", f"must be a whole number from 0 to 2**64-1, got {seed!r}"))
+    want = params.logprobs
+    if want is not None and (
+        isinstance(want, bool) or not isinstance(want, int) or not 0 <= want <= MAX_TOP_LOGPROBS
+    ):
+        problems.append(
+            ("logprobs", f"must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got {want!r}")
+        )
     if not isinstance(params.stop, tuple) or not all(isinstance(s, str) and s for s in params.stop):
         problems.append(("stop", "must be non-empty strings"))
     return problems

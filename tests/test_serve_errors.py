@@ -56,9 +56,15 @@ BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | 
         400,
         "frequency_penalty",
     ),
-    ("log probabilities", "/v1/chat/completions", _chat(logprobs=True), 400, "logprobs"),
-    ("top log probabilities", "/v1/chat/completions", _chat(top_logprobs=3), 400, "top_logprobs"),
-    ("completion logprobs", "/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ("top_logprobs alone", "/v1/chat/completions", _chat(top_logprobs=3), 400, "top_logprobs"),
+    (
+        "top_logprobs 21",
+        "/v1/chat/completions",
+        _chat(logprobs=True, top_logprobs=21),
+        400,
+        "top_logprobs",
+    ),
+    ("completion logprobs 21", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("a logit bias", "/v1/chat/completions", _chat(logit_bias={"15": 5}), 400, "logit_bias"),
     (
         "JSON mode",

@@ -23,6 +23,7 @@ from npuchat.engine.events import (
     MetricsUpdate,
     TerminalEvent,
     TokenDelta,
+    TokenLogprob,
     ToolCall,
 )
 
@@ -40,11 +41,13 @@ class Reply:
     tokens: int = 0
     metrics: Metrics = field(default_factory=Metrics)
     terminal: TerminalEvent | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for
 
     def add(self, event: Event) -> None:
         if isinstance(event, TokenDelta):
             self.text += event.text
             self.tokens += len(event.ids)
+            self.logprobs.extend(event.logprobs)
         elif isinstance(event, MetricsUpdate):
             self.metrics = event.metrics
         elif isinstance(event, Finished | Cancelled):
@@ -99,11 +102,48 @@ def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     return out
 
 
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's `logprobs`: OpenAI's `content` list (the bytes as integers)."""
+
+    def one(e: TokenLogprob) -> dict[str, Any]:
+        return {"token": e.text, "logprob": e.logprob, "bytes": list(e.piece)}
+
+    return {
+        "content": [one(e) | {"top_logprobs": [one(t) for t in e.top]} for e in entries],
+        "refusal": None,
+    }
+
+
+def text_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """A completion choice's `logprobs`: the legacy parallel lists; `offset`: characters of
+    the reply before these tokens (where `text_offset` starts)."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.text)
+    return {
+        "tokens": [e.text for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [_by_text(e.top) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _by_text(top: tuple[TokenLogprob, ...]) -> dict[str, float]:
+    """The legacy map from text to log probability: where two tokens show the same text (two
+    halves of characters both read U+FFFD) the likelier one's figure stays."""
+    out: dict[str, float] = {}
+    for t in top:
+        out.setdefault(t.text, t.logprob)
+    return out
+
+
 @dataclass
 class _Shape:
     model: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    logprobs: bool = False  # the request asked for them
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -130,7 +170,7 @@ class ChatShape(_Shape):
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": chat_logprobs(reply.logprobs) if self.logprobs else None,
             "finish_reason": reply.finish_reason(bool(calls)),
         }
         return {
@@ -140,15 +180,24 @@ class ChatShape(_Shape):
             "npuchat": figures.extension(reply.metrics),
         }
 
-    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> dict[str, Any]:
+        """`logprobs`: those of the tokens since the last chunk (None: not asked for)."""
+        probs = chat_logprobs(logprobs) if self.logprobs and logprobs is not None else None
+        choice = {"index": 0, "delta": delta, "logprobs": probs, "finish_reason": finish}
         return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
-    def text_chunk(self, text: str) -> dict[str, Any]:
-        return self.chunk({"content": text})
+    def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        return self.chunk({"content": text}, logprobs=logprobs)
 
-    def call_chunk(self, call: ToolCall, index: int) -> dict[str, Any]:
-        return self.chunk({"tool_calls": [_tool_call_json(call, index)]})
+    def call_chunk(
+        self, call: ToolCall, index: int, logprobs: list[TokenLogprob] | None = None
+    ) -> dict[str, Any]:
+        return self.chunk({"tool_calls": [_tool_call_json(call, index)]}, logprobs=logprobs)
 
     def usage_chunk(self, reply: Reply) -> dict[str, Any]:
         return {
@@ -166,19 +215,31 @@ class TextShape(_Shape):
     def __post_init__(self) -> None:
         self.id = self.id or "cmpl-" + secrets.token_hex(12)
 
-    def _choice(self, text: str, finish: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    def _choice(
+        self, text: str, finish: str | None, logprobs: list[TokenLogprob], offset: int = 0
+    ) -> dict[str, Any]:
+        probs = text_logprobs(logprobs, offset) if self.logprobs else None
+        return {"index": 0, "text": text, "logprobs": probs, "finish_reason": finish}
 
     def whole(self, reply: Reply) -> dict[str, Any]:
         return {
             **self._head("text_completion"),
-            "choices": [self._choice(reply.text, reply.finish_reason())],
+            "choices": [self._choice(reply.text, reply.finish_reason(), reply.logprobs)],
             "usage": reply.usage(),
             "npuchat": figures.extension(reply.metrics),
         }
 
-    def chunk(self, text: str, finish: str | None = None) -> dict[str, Any]:
-        return {**self._head("text_completion"), "choices": [self._choice(text, finish)]}
+    def chunk(
+        self,
+        text: str,
+        finish: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        """`logprobs`: those of the tokens since the last chunk; `offset`: the reply's
+        characters before them."""
+        choice = self._choice(text, finish, logprobs or [], offset)
+        return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, reply: Reply) -> dict[str, Any]:
         return {

@@ -206,7 +206,10 @@ async def chat_completions(request: Request) -> Response:
     service, body = await _body(request, ChatCompletionIn)
     prepared = prepare_chat(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
-    shape = ChatShape(service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix)
+    logprobs = prepared.request.sampling.logprobs is not None
+    shape = ChatShape(
+        service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix, logprobs=logprobs
+    )
     return await _run(
         request,
         service,
@@ -222,7 +225,7 @@ async def completions(request: Request) -> Response:
     service, body = await _body(request, CompletionIn)
     prepared = prepare_completion(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
-    shape = TextShape(service.model.id)
+    shape = TextShape(service.model.id, logprobs=prepared.request.sampling.logprobs is not None)
     return await _run(
         request,
         service,

@@ -1,12 +1,11 @@
 """The OpenAI request schema, validated with pydantic and turned into the engine's `ChatRequest`.
 
-Fields OpenAI defines and npuchat cannot honour (n > 1, images, a forced tool choice, log
-probabilities, a logit bias, JSON mode) are refused with a 400 that names the field, rather than
-silently ignored; fields unknown to the schema are ignored, as OpenAI-compatible servers do, so
-newer clients keep working. Sampling values outside the engine's domains
-(`engine.sampling_domain`: a negative temperature, top_p outside (0, 1], ...) and max_tokens
-beyond the context are refused here, before a request is queued, by the same rule the engine
-applies.
+Fields OpenAI defines and npuchat cannot honour (n > 1, images, a logit bias, JSON mode, a
+completion's echo) are refused with a 400 that names the field, rather than silently ignored;
+fields unknown to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep
+working. Sampling values outside the engine's domains (`engine.sampling_domain`: a negative
+temperature, top_p outside (0, 1], ...) and max_tokens beyond the context are refused here,
+before a request is queued, by the same rule the engine applies.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from npuchat.engine.events import (
     ToolCall,
     ToolSpec,
 )
+from npuchat.engine.logprobs import MAX_TOP_LOGPROBS
 from npuchat.engine.sampling_domain import sampling_problems
 
 from .tools import CLOSE, forced_call_prefix
@@ -139,18 +139,15 @@ class _Sampling(_Model):
     stream_options: StreamOptions | None = None
     priority: Priority = "interactive"
     conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
-    # OpenAI's, refused when asked for (the module doc): their defaults are taken
+    # chat: true or false, with `top_logprobs` alternatives; completions: the alternatives
     logprobs: bool | int | None = None
-    top_logprobs: int | None = None
+    # OpenAI's, refused when asked for (the module doc): their defaults are taken
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
 
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
-        if value:  # false, 0 and null are what a client sends by default
-            raise ValueError("log probabilities are not supported; leave it out")
-        return value
+    def want_logprobs(self) -> int | None:
+        """`SamplingParams.logprobs`: None, or the alternatives wanted beside each token."""
+        return None
 
     @field_validator("logit_bias")
     @classmethod
@@ -208,6 +205,7 @@ class _Sampling(_Model):
             else self.repeat_penalty,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
+            logprobs=self.want_logprobs(),
             seed=self.seed,
             max_tokens=max_tokens,
             stop=self.stops(),
@@ -234,11 +232,24 @@ class ChatCompletionIn(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def want_logprobs(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
 
 class CompletionIn(_Sampling):
     prompt: str | list[str]
     echo: bool = False
+
+    def want_logprobs(self) -> int | None:
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        return 0 if self.logprobs is True else int(self.logprobs)
 
     @field_validator("prompt")
     @classmethod

@@ -13,7 +13,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from npuchat.engine.events import Event, Failed, TokenDelta
+from npuchat.engine.events import Event, Failed, TokenDelta, TokenLogprob
 
 from .responses import ChatShape, Reply, TextShape, recorded, sse
 from .schema import ApiError
@@ -64,23 +64,30 @@ async def chat_chunks(
     if splitter is not None:
         splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
     calls = 0
+    pending: list[TokenLogprob] = []  # the tokens' since the last chunk, which carries them
+
+    def taken() -> list[TokenLogprob]:
+        out = pending.copy()
+        pending.clear()
+        return out
 
     def pieces(text: str, final: bool = False) -> list[bytes]:
         nonlocal calls
         if splitter is None:
-            return [sse(shape.text_chunk(text))] if text else []
+            return [sse(shape.text_chunk(text, taken()))] if text else []
         out = []
         for piece in splitter.flush() if final else splitter.feed(text):
             if piece.call is not None:
-                out.append(sse(shape.call_chunk(piece.call, calls)))
+                out.append(sse(shape.call_chunk(piece.call, calls, taken())))
                 calls += 1
             elif piece.text:
-                out.append(sse(shape.text_chunk(piece.text)))
+                out.append(sse(shape.text_chunk(piece.text, taken())))
         return out
 
     yield sse(shape.chunk({"role": "assistant", "content": ""}))
     async for event in recorded(first, rest, reply):
         if isinstance(event, TokenDelta):
+            pending.extend(event.logprobs)
             for chunk in pieces(event.text):
                 yield chunk
     if isinstance(reply.terminal, Failed):
@@ -88,7 +95,7 @@ async def chat_chunks(
     else:
         for chunk in pieces("", final=True):
             yield chunk
-        yield sse(shape.chunk({}, reply.finish_reason(calls > 0)))
+        yield sse(shape.chunk({}, reply.finish_reason(calls > 0), taken() or None))
         if include_usage:
             yield sse(shape.usage_chunk(reply))
     yield sse("[DONE]")
@@ -104,13 +111,19 @@ async def text_chunks(
     done: Callable[[Reply], None],
 ) -> AsyncIterator[bytes]:
     reply = Reply()
+    pending: list[TokenLogprob] = []  # the tokens' since the last chunk, which carries them
+    offset = 0  # the reply's characters before them
     async for event in recorded(first, rest, reply):
-        if isinstance(event, TokenDelta) and event.text:
-            yield sse(shape.chunk(event.text))
+        if isinstance(event, TokenDelta):
+            pending.extend(event.logprobs)
+            if event.text:
+                yield sse(shape.chunk(event.text, logprobs=pending, offset=offset))
+                offset += sum(len(e.text) for e in pending)
+                pending = []
     if isinstance(reply.terminal, Failed):
         yield _error_chunk(reply.terminal)
     else:
-        yield sse(shape.chunk("", reply.finish_reason()))
+        yield sse(shape.chunk("", reply.finish_reason(), logprobs=pending, offset=offset))
         if include_usage:
             yield sse(shape.usage_chunk(reply))
     yield sse("[DONE]")
