@@ -55,6 +55,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help="-2 to 2, taken off for every time the token is among the last 64",
     )
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        metavar="N",
+        help="with --json: each token's log probability and the N likeliest tokens' (0-20)",
+    )
     p.add_argument("--seed", type=int, help="random seed (-1 or absent: a random one)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="JSON lines: tokens, then metrics")

@@ -1,6 +1,7 @@
 """`npuchat run`: one-shot generation streamed to stdout, like `ollama run` and `llama-cli -p`.
 
-With `--json` every token is a JSON line (`{"id", "text"}`) and the last line holds the metrics;
+With `--json` every token is a JSON line (`{"id", "text"}`, with `--logprobs N` its `logprob` and
+the N likeliest ids' as `top`) and the last line holds the metrics;
 this is the form scripts and our own checks read. `--conversation ID` continues a conversation
 saved in the app's database (and saves the new turn), so multi-turn reuse is scriptable.
 """
@@ -129,11 +130,14 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         repeat_penalty=args.repeat_penalty,
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
+        logprobs=args.logprobs,
         seed=None if args.seed == -1 else args.seed,  # -1 = random, as in llama.cpp
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),
     )
     check_sampling(sampling, _FLAGS)
+    if args.logprobs is not None and not args.json:
+        raise NpuchatError("--logprobs prints with --json only: add --json")
     model = args.run_model or ctx.settings.model
     device = args.run_device or ctx.settings.device
     store: ConversationStore | None = None
@@ -295,7 +299,12 @@ def _stream(
             if as_json:
                 for i, tid in enumerate(ev.ids):
                     text = ev.text if i == len(ev.ids) - 1 else ""
-                    out.write(json.dumps({"id": tid, "text": text}) + "\n")
+                    line: dict[str, object] = {"id": tid, "text": text}
+                    if i < len(ev.logprobs):  # --logprobs
+                        lp = ev.logprobs[i]
+                        line["logprob"] = lp.logprob
+                        line["top"] = [{"id": t.token, "logprob": t.logprob} for t in lp.top]
+                    out.write(json.dumps(line) + "\n")
             else:
                 out.write(escape_controls(ev.text) if escape else ev.text)
             out.flush()

@@ -60,7 +60,7 @@ DOMAINS: dict[str, Domain] = {
 presence_penalty and frequency_penalty 0 = off."""
 
 
-SAMPLING_FIELDS = (*DOMAINS, "seed", "stop")
+SAMPLING_FIELDS = (*DOMAINS, "logprobs", "seed", "stop")
 
 
 def sampling_problems(params: SamplingParams) -> list[tuple[str, str]]:

@@ -82,6 +82,20 @@ def test_presence_and_frequency_penalties_reach_the_sampler(
     assert replies["penalised"] != replies["none"]
 
 
+def test_logprobs_in_json_lines(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Greedy: each token's line carries its log probability, the likeliest of its two
+    alternatives (the first of them is the token itself), and the same tokens as without."""
+    base = ["run", "--model", "syn", "-p", "the fox", "-n", "6", "-t", "0", "--json"]
+    assert main(base) == 0
+    plain, _ = _json_lines(capsys.readouterr().out)
+    assert main([*base, "--logprobs", "2"]) == 0
+    tokens, _ = _json_lines(capsys.readouterr().out)
+    assert [t["id"] for t in tokens] == [t["id"] for t in plain]
+    for t in tokens:
+        assert t["logprob"] <= 0 and t["top"][0]["id"] == t["id"]
+        assert t["logprob"] == t["top"][0]["logprob"] >= t["top"][1]["logprob"]
+
+
 def test_raw_prompt_skips_the_template(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--model", "syn", "-p", "hello world", "-n", "2", "--raw", "--json"]) == 0
     _, last = _json_lines(capsys.readouterr().out)
@@ -118,6 +132,8 @@ def test_saved_conversation_continues_and_reuses_system_prefix(
     [
         (["run", "--model", "syn", "-p", "  "], "the prompt is empty"),
         (["run", "--model", "syn", "hello", "-p", "the fox"], "the prompt is given twice"),
+        (["run", "--model", "syn", "-p", "x", "--logprobs", "2"], "add --json"),
+        (["run", "--model", "syn", "-p", "x", "--json", "--logprobs", "21"], "--logprobs must be"),
         (["run", "--model", "syn", "-p", "x", "--draft", "qwen2.5-coder-0.5b"], "--draft none"),
         (["run", "--model", "syn", "-p", "x", "--system-file", "/no/file"], "--system-file"),
         (["run", "--model", "syn", "-p", "x", "--conversation", "nope"], "does not exist"),
