@@ -56,6 +56,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="-2 to 2, taken off for every time the token is among the last 64",
     )
     p.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="json: the reply is one JSON object, and ends when it closes (as ollama's)",
+    )
+    p.add_argument(
         "--logprobs",
         type=int,
         metavar="N",

@@ -131,6 +131,7 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         logprobs=args.logprobs,
+        json_object=args.format == "json",
         seed=None if args.seed == -1 else args.seed,  # -1 = random, as in llama.cpp
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),

@@ -5,7 +5,8 @@ prefilled into `seq` (what was reused and what was run is in the arguments), and
 the logits after it into `Event`s until a stop, the length limit or a cancel. With a speculative
 decoder it advances by draft-and-verify rounds while `speculate()` allows (the concurrent engine
 allows it only while the sequence runs alone), otherwise by single decode steps. A request for
-log probabilities decodes by single steps: each token's comes from its own step's logits.
+log probabilities decodes by single steps: each token's comes from its own step's logits; so does
+one in JSON mode (`json_sampling`: a draft would be checked against the unconstrained choice).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .events import (
     TokenDelta,
     TokenLogprob,
 )
+from .json_sampling import JsonConstraint
 from .logprobs import token_logprob
 from .sampler import Sampler
 from .sequence import Sequence
@@ -70,11 +72,18 @@ def stream_reply(
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
     want = params.logprobs
-    spec = speculative if want is None else None
+    shape = JsonConstraint(detok.piece, stop_ids) if params.json_object else None
+    spec = speculative if want is None and shape is None else None
 
     def sample(logits: np.ndarray) -> tuple[int, tuple[TokenLogprob, ...]]:
-        token = sampler.sample(logits)
-        if want is None:
+        """The next token and, when asked for, its log probability; -1: in JSON mode no
+        token of the vocabulary fits (the reply ends)."""
+        if shape is None:
+            token = sampler.sample(logits)
+        else:
+            chosen = shape.choose(logits, sampler)
+            token = -1 if chosen is None else chosen
+        if want is None or token < 0:
             return token, ()
         return token, (token_logprob(logits, token, want, detok.piece),)
 
@@ -119,13 +128,15 @@ def stream_reply(
             now = clock()
             if generated == 1:
                 t_first = now
-            if token in stop_ids and not params.ignore_eos:
+            if (token in stop_ids and not params.ignore_eos) or token < 0:
                 stop = "eos"
             else:
                 text, hit = stops.feed(detok.push(token))
                 yield TokenDelta(text, (token,), probs)
                 if hit:
                     stop = "stop_string"
+                elif shape is not None and shape.done:
+                    stop = "eos"  # the object closed: JSON mode ends there
                 elif generated >= params.max_tokens:
                     stop = "max_tokens"
             if stop is not None:

@@ -67,9 +67,9 @@ BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | 
     ("completion logprobs 21", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ("a logit bias", "/v1/chat/completions", _chat(logit_bias={"15": 5}), 400, "logit_bias"),
     (
-        "JSON mode",
+        "a JSON schema",
         "/v1/chat/completions",
-        _chat(response_format={"type": "json_object"}),
+        _chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
         400,
         "response_format",
     ),

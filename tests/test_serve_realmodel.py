@@ -8,7 +8,9 @@ import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 from serve_helpers import serving
 
@@ -123,3 +125,33 @@ def test_qwen_tool_request_comes_back_as_a_tool_call(
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "get_weather"  # type: ignore[union-attr]
     assert json.loads(call.function.arguments) == {"city": "Oslo"}  # type: ignore[union-attr]
+
+
+def test_qwen_json_mode_answers_with_one_json_object(
+    real_gguf: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """`response_format: json_object`: where the model left alone opens a code block, the reply
+    is one JSON object that parses, ending (finish reason stop) when it closes; a JSON schema
+    is refused."""
+    session = _open(real_gguf("qwen2.5-coder-0.5b"), tmp_path / "cache", "qwen2.5-coder-0.5b")
+    ask: dict[str, Any] = {
+        "model": "qwen2.5-coder-0.5b",
+        "messages": [{"role": "user", "content": "Describe a cat in JSON: name, age, colors."}],
+        "temperature": 0,
+        "max_tokens": 80,
+    }
+    try:
+        with serving(session, context_length=512) as (_, client):
+            plain = client.chat.completions.create(**ask)
+            shaped = client.chat.completions.create(**ask, response_format={"type": "json_object"})
+            with pytest.raises(openai.BadRequestError, match="json_object"):
+                client.chat.completions.create(
+                    **ask, response_format={"type": "json_schema", "json_schema": {"name": "x"}}
+                )
+    finally:
+        session.close()
+    assert (plain.choices[0].message.content or "").lstrip().startswith("```")
+    choice = shaped.choices[0]
+    assert choice.finish_reason == "stop"
+    cat = json.loads(choice.message.content or "")
+    assert isinstance(cat, dict) and {"name", "age"} <= set(cat)

@@ -1,6 +1,6 @@
 """The OpenAI request schema, validated with pydantic and turned into the engine's `ChatRequest`.
 
-Fields OpenAI defines and npuchat cannot honour (n > 1, images, a logit bias, JSON mode, a
+Fields OpenAI defines and npuchat cannot honour (n > 1, images, a logit bias, a JSON schema, a
 completion's echo) are refused with a 400 that names the field, rather than silently ignored;
 fields unknown to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep
 working. Sampling values outside the engine's domains (`engine.sampling_domain`: a negative
@@ -158,11 +158,11 @@ class _Sampling(_Model):
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type", "text") != "text":
+    def _text_or_json(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") not in ("text", "json_object"):
             raise ValueError(
-                'only {"type": "text"} is supported (no JSON mode); ask for JSON in '
-                "the prompt instead"
+                'only {"type": "text"} and {"type": "json_object"} are supported (no JSON '
+                "schema); describe the fields in the prompt and ask for json_object"
             )
         return value
 
@@ -206,6 +206,8 @@ class _Sampling(_Model):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logprobs=self.want_logprobs(),
+            json_object=self.response_format is not None
+            and self.response_format.get("type") == "json_object",
             seed=self.seed,
             max_tokens=max_tokens,
             stop=self.stops(),
