@@ -1,7 +1,7 @@
 """Logits → next token, on the host.
 
-The warps run in llama.cpp's order: the penalties (repetition, then presence and frequency over
-the same window of recent tokens), top-k, top-p, min-p, temperature. They are
+The warps run in llama.cpp's order: the logit bias, the penalties (repetition, then presence and
+frequency over the same window of recent tokens), top-k, top-p, min-p, temperature. They are
 split from the draw (`distribution` then `draw`) because speculative decoding needs the exact
 distribution the plain sampler would draw from, for the target and the draft alike: the
 acceptance rule compares p(x) and q(x) after the same warps.
@@ -19,30 +19,38 @@ REPEAT_WINDOW = 64  # tokens of history the repetition penalty looks at (llama.c
 
 
 def penalised(params: SamplingParams) -> bool:
-    """Whether any penalty changes the logits (else the argmax needs no copy of them)."""
+    """Whether any penalty or bias changes the logits (else the argmax needs no copy)."""
     return (
         params.repeat_penalty != 1.0
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
+        or bool(params.logit_bias)
     )
 
 
 def apply_penalties(
     logits: np.ndarray, history: Sequence[int], params: SamplingParams, window: int = REPEAT_WINDOW
 ) -> np.ndarray:
-    """llama.cpp's penalties over the last `window` tokens: a seen token's positive logit is
-    divided by the repetition penalty, a negative one multiplied; then OpenAI's presence
-    penalty is subtracted once and the frequency penalty once per occurrence (negative values
-    favour the seen tokens instead)."""
-    if not penalised(params) or not history:
+    """llama.cpp's order: each `logit_bias` added to its token's logit (-100 bans a token), then
+    the penalties over the last `window` tokens: a seen token's positive logit divided by the
+    repetition penalty, a negative one multiplied; then OpenAI's presence penalty subtracted
+    once and the frequency penalty once per occurrence (negative values favour the seen
+    tokens instead)."""
+    if not penalised(params):
         return logits
     out = logits.copy()
-    seen, counts = np.unique(np.asarray(history[-window:], dtype=np.int64), return_counts=True)
-    vals = out[seen]
-    if params.repeat_penalty != 1.0:
-        penalty = params.repeat_penalty
-        vals = np.where(vals > 0, vals / penalty, vals * penalty)
-    out[seen] = vals - params.presence_penalty - params.frequency_penalty * counts
+    if params.logit_bias:
+        ids, bias = zip(*params.logit_bias, strict=True)
+        np.add.at(out, np.asarray(ids, dtype=np.int64), np.asarray(bias, dtype=out.dtype))
+    if history and (
+        params.repeat_penalty != 1.0 or params.presence_penalty or params.frequency_penalty
+    ):
+        seen, counts = np.unique(np.asarray(history[-window:], dtype=np.int64), return_counts=True)
+        vals = out[seen]
+        if params.repeat_penalty != 1.0:
+            penalty = params.repeat_penalty
+            vals = np.where(vals > 0, vals / penalty, vals * penalty)
+        out[seen] = vals - params.presence_penalty - params.frequency_penalty * counts
     return out
 
 

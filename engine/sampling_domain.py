@@ -63,8 +63,13 @@ presence_penalty and frequency_penalty 0 = off."""
 SAMPLING_FIELDS = (*DOMAINS, "logprobs", "seed", "stop")
 
 
-def sampling_problems(params: SamplingParams) -> list[tuple[str, str]]:
-    """(field, what is allowed) for every field of `params` outside its domain."""
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+BIAS = Domain(-100.0, 100.0)  # OpenAI's
+
+
+def sampling_problems(params: SamplingParams, vocab: int | None = None) -> list[tuple[str, str]]:
+    """(field, what is allowed) for every field of `params` outside its domain; `vocab`: the
+    model's vocabulary size, which the logit bias's token ids must be below."""
     problems = [
         (name, f"must be {domain.describe()}, got {getattr(params, name)!r}")
         for name, domain in DOMAINS.items()
@@ -82,9 +87,26 @@ def sampling_problems(params: SamplingParams) -> list[tuple[str, str]]:
         problems.append(
             ("logprobs", f"must be a whole number from 0 to {MAX_TOP_LOGPROBS}, got {want!r}")
         )
+    problems.extend(_bias_problems(params.logit_bias, vocab))
     if not isinstance(params.stop, tuple) or not all(isinstance(s, str) and s for s in params.stop):
         problems.append(("stop", "must be non-empty strings"))
     return problems
+
+
+def _bias_problems(bias: object, vocab: int | None) -> list[tuple[str, str]]:
+    if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS:
+        return [("logit_bias", f"must hold at most {MAX_LOGIT_BIAS} (token id, bias) pairs")]
+    top = f" below {vocab}" if vocab is not None else ""
+    for pair in bias:
+        ok = isinstance(pair, tuple) and len(pair) == 2
+        token, value = pair if ok else (None, None)
+        if not ok or isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            return [("logit_bias", f"token ids must be whole numbers from 0{top}, got {token!r}")]
+        if vocab is not None and token >= vocab:
+            return [("logit_bias", f"token ids must be whole numbers from 0{top}, got {token}")]
+        if not BIAS.holds(value):
+            return [("logit_bias", f"biases must be {BIAS.describe()}, got {value!r}")]
+    return []
 
 
 def check_sampling(params: SamplingParams, names: Mapping[str, str] | None = None) -> None:

@@ -281,7 +281,8 @@ class ChatSession:
         counts from there; default now).
         """
         params = sampling if sampling is not None else getattr(request, "sampling", None)
-        problems = sampling_problems(params) if params is not None else []
+        vocab = self.model.config.vocab_size
+        problems = sampling_problems(params, vocab) if params is not None else []
         if problems:
             yield Failed("; ".join(f"{name} {why}" for name, why in problems), kind="invalid")
             return

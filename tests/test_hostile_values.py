@@ -107,6 +107,8 @@ def session(syn_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         SamplingParams(seed=-1),
         SamplingParams(top_k=-5),
         SamplingParams(max_tokens=0),
+        SamplingParams(logit_bias=((10**6, 1.0),)),  # beyond the vocabulary
+        SamplingParams(logit_bias=((1, 101.0),)),
     ],
 )
 def test_the_engine_answers_an_out_of_domain_request_as_invalid(

@@ -76,6 +76,17 @@ def test_presence_and_frequency_penalties_follow_openais_formula() -> None:
     np.testing.assert_allclose(favoured, [2.0, -2.0, 2.5, 0.5])
 
 
+def test_logit_bias_is_added_before_the_penalties() -> None:
+    """llama.cpp's order, by hand: 2 + 1 = 3 then divided by the repetition penalty 2; an
+    unseen token only biased; -100 takes a token out of greedy decoding."""
+    logits = np.array([2.0, 1.0, 0.5])
+    params = _p(repeat_penalty=2.0, logit_bias=((0, 1.0), (2, -100.0)))
+    np.testing.assert_allclose(apply_penalties(logits, [0], params), [1.5, 1.0, -99.5])
+    np.testing.assert_allclose(apply_penalties(logits, [], params), [3.0, 1.0, -99.5])
+    sampler = Sampler(_p(temperature=0.0, logit_bias=((0, -100.0),)))
+    assert sampler.sample(logits) == 1
+
+
 def test_greedy_sampler_with_a_frequency_penalty_moves_off_a_repeated_token() -> None:
     """The argmax fast path is not taken when a penalty is set: the leading token, once
     sampled twice, loses to the runner-up."""

@@ -59,7 +59,7 @@ def test_chat_reply_carries_the_request_and_the_engine_figures() -> None:
             presence_penalty=0.5,
             frequency_penalty=-0.25,
             logprobs=False,  # what clients send by default is taken
-            logit_bias={},
+            logit_bias={"15": -2.5},
             response_format={"type": "text"},
         )
     assert r.choices[0].message.content == "Hello, world"
@@ -70,6 +70,7 @@ def test_chat_reply_carries_the_request_and_the_engine_figures() -> None:
     s = req.sampling
     assert (s.temperature, s.top_p, s.max_tokens, s.seed, s.stop) == (0, 0.5, 50, 7, ("zz",))
     assert (s.presence_penalty, s.frequency_penalty) == (0.5, -0.25)
+    assert s.logit_bias == ((15, -2.5),)
     figures = engine.metrics_at(req, 2)
     assert r.usage is not None
     assert r.usage.prompt_tokens == figures.prefill_tokens + figures.reused_tokens

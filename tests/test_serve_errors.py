@@ -65,7 +65,8 @@ BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | 
         "top_logprobs",
     ),
     ("completion logprobs 21", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
-    ("a logit bias", "/v1/chat/completions", _chat(logit_bias={"15": 5}), 400, "logit_bias"),
+    ("a bias key", "/v1/chat/completions", _chat(logit_bias={"a": 5}), 400, "logit_bias"),
+    ("a bias of 150", "/v1/chat/completions", _chat(logit_bias={"15": 150}), 400, "logit_bias"),
     (
         "a JSON schema",
         "/v1/chat/completions",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -168,6 +169,26 @@ def test_greedy_with_presence_and_frequency_penalties_equals_target_only(
     unpenalised = [complete_ids(target, p, GREEDY) for p in prompts]
     plain = [complete_ids(target, p, params) for p in prompts]
     assert plain != unpenalised
+    spec = SpeculativeDecoder(
+        target.model, [LookupDrafter(), ModelDrafter(draft_model, "draft")], fixed_k=4
+    )
+    drafted, accepted = assert_speculation_exact(target, spec, prompts, plain, params)
+    assert drafted > 0 and accepted > 0
+
+
+def test_a_logit_bias_of_minus_100_bans_a_token_and_speculation_stays_exact(
+    target: ChatSession, draft_model: Model
+) -> None:
+    """The token greedy decoding writes most often never comes out under a bias of -100, and
+    drafts accepted under the bias give the target-only tokens."""
+    vocab = target.model.config.vocab_size
+    prompts = _prompts(vocab, 8, seed=37)
+    target.use_drafters([])
+    unbiased = [complete_ids(target, p, GREEDY) for p in prompts]
+    common = Counter(t for ids in unbiased for t in ids).most_common(1)[0][0]
+    params = replace(GREEDY, logit_bias=((common, -100.0), (common + 1, 2.0)))
+    plain = [complete_ids(target, p, params) for p in prompts]
+    assert all(common not in ids for ids in plain)
     spec = SpeculativeDecoder(
         target.model, [LookupDrafter(), ModelDrafter(draft_model, "draft")], fixed_k=4
     )

@@ -1,7 +1,7 @@
 """The OpenAI request schema, validated with pydantic and turned into the engine's `ChatRequest`.
 
-Fields OpenAI defines and npuchat cannot honour (n > 1, images, a logit bias, a JSON schema, a
-completion's echo) are refused with a 400 that names the field, rather than silently ignored;
+Fields OpenAI defines and npuchat cannot honour (n > 1, images, a JSON schema, a completion's
+echo) are refused with a 400 that names the field, rather than silently ignored;
 fields unknown to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep
 working. Sampling values outside the engine's domains (`engine.sampling_domain`: a negative
 temperature, top_p outside (0, 1], ...) and max_tokens beyond the context are refused here,
@@ -141,8 +141,7 @@ class _Sampling(_Model):
     conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
     # chat: true or false, with `top_logprobs` alternatives; completions: the alternatives
     logprobs: bool | int | None = None
-    # OpenAI's, refused when asked for (the module doc): their defaults are taken
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id -> added to its logit
     response_format: dict[str, Any] | None = None
 
     def want_logprobs(self) -> int | None:
@@ -151,9 +150,10 @@ class _Sampling(_Model):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported; leave it out")
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise ValueError(f"keys must be token ids (whole numbers), got {key[:20]!r}")
         return value
 
     @field_validator("response_format")
@@ -208,6 +208,7 @@ class _Sampling(_Model):
             logprobs=self.want_logprobs(),
             json_object=self.response_format is not None
             and self.response_format.get("type") == "json_object",
+            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
             seed=self.seed,
             max_tokens=max_tokens,
             stop=self.stops(),
