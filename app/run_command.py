@@ -94,6 +94,11 @@ def _system_prompt(args: argparse.Namespace, ctx: AppContext) -> str:
 
 
 def _read_stdin() -> str:
+    if sys.stdin.isatty():  # waiting on a terminal without a word would look like a hang
+        print(
+            "npuchat: type the prompt, then Ctrl-D on a line of its own (for a chat: `npuchat`)",
+            file=sys.stderr,
+        )
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
     if isinstance(data, str):
         return data

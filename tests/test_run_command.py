@@ -3,7 +3,9 @@ raw prompts, saved conversations and errors."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,6 +112,28 @@ def test_format_json_keeps_the_reply_a_json_object(
     text = "".join(t["text"] for t in tokens)
     assert text.startswith("{") and JsonPrefix().feed(text.encode()) is not None
     assert JsonPrefix().feed("".join(t["text"] for t in plain).encode()) is None
+
+
+class _Terminal(io.TextIOWrapper):
+    """Standard input that says it is a terminal, holding what the user typed before Ctrl-D."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_prompt_typed_at_a_terminal_is_asked_for(
+    syn: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no prompt and a terminal for standard input, the run says how to end the prompt
+    before it waits (else it looks hung), then answers what was typed."""
+    monkeypatch.setattr(sys, "stdin", _Terminal(io.BytesIO(b"the fox\n")))
+    assert main(["run", "--model", "syn", "-n", "6", "-t", "0", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "Ctrl-D" in out.err
+    tokens, _ = _json_lines(out.out)
+    assert main(["run", "--model", "syn", "-n", "6", "-t", "0", "--json", "-p", "the fox\n"]) == 0
+    given, _ = _json_lines(capsys.readouterr().out)
+    assert [t["id"] for t in tokens] == [t["id"] for t in given]
 
 
 def test_raw_prompt_skips_the_template(syn: Path, capsys: pytest.CaptureFixture[str]) -> None:
