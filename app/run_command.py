@@ -36,6 +36,7 @@ from npuchat.engine.events import (
     StopReason,
     TokenDelta,
 )
+from npuchat.engine.grammar import ANY_OBJECT
 from npuchat.engine.sampling_domain import SAMPLING_FIELDS, check_sampling
 
 from .context import AppContext
@@ -136,7 +137,7 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         logprobs=args.logprobs,
-        json_object=args.format == "json",
+        json_schema=ANY_OBJECT if args.format == "json" else None,
         seed=None if args.seed == -1 else args.seed,  # -1 = random, as in llama.cpp
         max_tokens=args.max_tokens,
         stop=tuple(args.stop),

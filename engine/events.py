@@ -68,7 +68,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's: subtracted once from a token seen in the window
     frequency_penalty: float = 0.0  # and this much again for every time it was seen
     logprobs: int | None = None  # each token's log probability, with this many likeliest
-    json_object: bool = False  # JSON mode: the reply is one JSON object (`json_sampling`)
+    json_schema: str | None = None  # the reply is JSON this schema allows (`grammar`)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's
     seed: int | None = None
     max_tokens: int = 1024

@@ -6,7 +6,7 @@ the logits after it into `Event`s until a stop, the length limit or a cancel. Wi
 decoder it advances by draft-and-verify rounds while `speculate()` allows (the concurrent engine
 allows it only while the sequence runs alone), otherwise by single decode steps. A request for
 log probabilities decodes by single steps: each token's comes from its own step's logits; so does
-one in JSON mode (`json_sampling`: a draft would be checked against the unconstrained choice).
+one held to a JSON schema (`grammar`: a draft would be checked against the unconstrained choice).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .events import (
     TokenDelta,
     TokenLogprob,
 )
-from .json_sampling import JsonConstraint
+from .grammar import Constraint
 from .logprobs import token_logprob
 from .sampler import Sampler
 from .sequence import Sequence
@@ -56,9 +56,11 @@ def stream_reply(
     speculative: SpeculativeDecoder | None,
     speculate: Callable[[], bool] | None,
     metrics: Metrics,
+    shape: Constraint | None,
     clock: Callable[[], float],
 ) -> Iterator[Event]:
-    """The events of one reply after its prompt `ids` (`logits`: after the last of them)."""
+    """The events of one reply after its prompt `ids` (`logits`: after the last of them);
+    `shape`: the JSON schema the reply is held to (None: free text)."""
     base = replace(
         metrics,
         prefill_tokens=len(ids) - reused,
@@ -72,12 +74,11 @@ def stream_reply(
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
     want = params.logprobs
-    shape = JsonConstraint(detok.piece, stop_ids) if params.json_object else None
     spec = speculative if want is None and shape is None else None
 
     def sample(logits: np.ndarray) -> tuple[int, tuple[TokenLogprob, ...]]:
-        """The next token and, when asked for, its log probability; -1: in JSON mode no
-        token of the vocabulary fits (the reply ends)."""
+        """The next token and, when asked for, its log probability; -1: under a schema no
+        token fits (the reply ends)."""
         if shape is None:
             token = sampler.sample(logits)
         else:
@@ -136,7 +137,7 @@ def stream_reply(
                 if hit:
                     stop = "stop_string"
                 elif shape is not None and shape.done:
-                    stop = "eos"  # the object closed: JSON mode ends there
+                    stop = "eos"  # the value is complete: a reply under a schema ends there
                 elif generated >= params.max_tokens:
                     stop = "max_tokens"
             if stop is not None:

@@ -33,6 +33,7 @@ from .events import (
     SamplingParams,
     ToolSpec,
 )
+from .grammar import constraint_for
 from .model import Model
 from .prefix_store import PrefixStore
 from .prompts import PromptBuilder
@@ -340,6 +341,8 @@ class ChatSession:
         else:
             assert sampling is not None
             params, system, ids = sampling, None, request
+        schema = params.json_schema
+        shape = constraint_for(self.tokenizer, schema) if schema is not None else None
         store = store_lock or contextlib.nullcontext()
         with store:
             reused, _source = self.prefixes.restore(seq, ids)
@@ -386,5 +389,6 @@ class ChatSession:
             speculative=self.speculative,
             speculate=speculate,
             metrics=Metrics(model=self._name, device=self._device),
+            shape=shape,
             clock=clock,
         )

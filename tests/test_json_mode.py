@@ -1,196 +1,151 @@
-"""JSON mode: the byte automaton against Python's own JSON parser, the constrained choice of the
-next token, and replies that stay a JSON object on a synthetic model and parse on a real one."""
+"""Replies held to a JSON schema (structured outputs) or to any JSON object (JSON mode): every
+synthetic architecture's reply is the schema's JSON, sampled or greedy, speculation stays off,
+bad schemas are one-line errors, and the service takes OpenAI's `response_format`."""
 
 from __future__ import annotations
 
 import json
-import random
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import openai
 import pytest
+from serve_helpers import serving
 
+from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.drafters import LookupDrafter
-from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
-from npuchat.engine.json_prefix import MAX_BLANKS, MAX_DEPTH, JsonPrefix
-from npuchat.engine.json_sampling import JsonConstraint
-from npuchat.engine.sampler import Sampler
+from npuchat.engine.errors import InvalidRequestError
+from npuchat.engine.events import (
+    ChatMessage,
+    ChatRequest,
+    Failed,
+    Finished,
+    SamplingParams,
+    TokenDelta,
+)
+from npuchat.engine.grammar import ANY_OBJECT, constraint_for
 from npuchat.engine.session import ChatSession
 
-
-def _doc(rng: random.Random, depth: int = 0) -> Any:
-    r = rng.random()
-    if depth > 3 or r < 0.35:
-        return rng.choice([0, -7, 2.5, -1e-7, 6.02e23, True, False, None, 'q"\\/\n\té\u2603'])
-    if r < 0.65:
-        return [_doc(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {f"k{i}é": _doc(rng, depth + 1) for i in range(rng.randint(0, 3))}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
 
 
-def test_every_prefix_of_a_json_object_is_taken_and_only_the_whole_is_done() -> None:
-    """300 objects as Python's json writes them (compact, indented, ASCII-escaped or not), fed
-    one byte at a time: no byte is refused, and the state says done exactly at the end."""
-    rng = random.Random(7)
-    for _ in range(300):
-        text = json.dumps(
-            {"x": _doc(rng), "y": _doc(rng)},
-            ensure_ascii=rng.random() < 0.5,
-            indent=rng.choice([None, 1, 2]),
-        )
-        state = JsonPrefix()
-        for i, byte in enumerate(text.encode()):
-            assert not state.done
-            nxt = state.feed(bytes([byte]))
-            assert nxt is not None, (text, i)
-            state = nxt
-        assert state.done, text
+def _reply(session: ChatSession, params: SamplingParams, text: str = "hello") -> tuple[str, Any]:
+    request = ChatRequest("c", "", (ChatMessage("user", text),), params)
+    events = list(session.generate(request, threading.Event()))
+    return "".join(e.text for e in events if isinstance(e, TokenDelta)), events[-1]
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "[]",  # not an object
-        '"x"',
-        " {}",  # the reply starts at its brace
-        '{"a" 1}',
-        '{"a":01}',
-        '{"a":1,}',
-        "{,}",
-        '{"a":tru}',
-        '{"a":1}x',  # text after the object
-        '{"a":"\x01"}',  # a control character in a string
-        '{"a":-}',
-        '{"a":1.}',
-        '{"a":1e}',
-        '{"a":[1 2]}',
-        '{"a":"\\x"}',
-        '{"a":"\\u12g4"}',
-        "{'a':1}",
-        '{"a":NaN}',
-    ],
-)
-def test_what_no_json_object_starts_with_is_refused(text: str) -> None:
-    """Each is refused at some byte (where Python's parser, without its NaN extension, fails
-    too) and never reads done."""
-
-    def strict(text: str) -> None:
-        parsed = json.loads(text, parse_constant=lambda c: json.JSONDecodeError(c, text, 0))
-        if not text.startswith("{") or not isinstance(parsed, dict):
-            raise ValueError("not an object from the first byte")
-        if any(isinstance(v, ValueError) for v in parsed.values()):
-            raise ValueError("NaN")
-
-    with pytest.raises(ValueError):
-        strict(text)
-    state: JsonPrefix | None = JsonPrefix()
-    for byte in text.encode():
-        assert state is not None
-        state = state.feed(bytes([byte]))
-        if state is None:
-            break
-    assert state is None or not state.done
-
-
-def test_whitespace_runs_and_nesting_are_bounded() -> None:
-    """A model can loop on newlines, or open brackets forever, without breaking the format."""
-    state = JsonPrefix().feed(b"{")
-    assert state is not None
-    assert state.feed(b"\n" * MAX_BLANKS) is not None
-    assert state.feed(b"\n" * (MAX_BLANKS + 1)) is None
-    assert state.feed(b'"a" :' + b" " * MAX_BLANKS + b"1") is not None  # a run, not a total
-    deep = JsonPrefix().feed(b'{"a":' + b"[" * (MAX_DEPTH - 1))
-    assert deep is not None and deep.feed(b"[") is None
-
-
-PIECES = [b"{", b'"', b"a", b'":', b"1", b"}", b"x", b" ", b"", b"}\n", b'{"a', b"\xc3", b"\xa9"]
-
-
-def _constraint() -> JsonConstraint:
-    return JsonConstraint(lambda t: PIECES[t], {8})  # token 8: end of turn (no bytes)
-
-
-def _ranked(*tokens: int) -> np.ndarray:
-    """Logits that rank `tokens` in that order, every other token far below."""
-    logits = np.full(len(PIECES), -10.0)
-    for rank, t in enumerate(tokens):
-        logits[t] = 9.0 - rank
-    return logits
-
-
-def test_greedy_takes_the_likeliest_token_that_fits() -> None:
-    """Each step the likelier tokens break the format (text or a space before the brace, the
-    end of turn before the object closes, a brace where a value goes); the likeliest that fits
-    is taken, half characters inside a string included, until the object closes."""
-    c = _constraint()
-    sampler = Sampler(SamplingParams(temperature=0.0))
-    steps = [
-        (_ranked(6, 7, 8, 10, 0), 10),  # x, space, end of turn; then {"a
-        (_ranked(8, 11), 11),  # half of é inside the key
-        (_ranked(12), 12),
-        (_ranked(8, 3), 3),  # ": ends the key
-        (_ranked(5, 6, 9, 4), 4),  # }, x and }\n cannot stand for a value; 1 can
-        (_ranked(6, 2, 9), 9),  # }\n ends the number and the object
-    ]
-    for logits, want in steps:
-        assert not c.done
-        assert c.choose(logits, sampler) == want
-    assert c.done
-    assert sampler.history == [want for _, want in steps]
-    assert json.loads(b"".join(PIECES[w] for _, w in steps)) == {"aé": 1}
-
-
-def test_sampled_choices_stay_within_the_tokens_that_fit() -> None:
-    """At temperature 1 with top-k 3, over 400 seeds: only the tokens that fit come out, in
-    proportion to their probabilities among those that fit; with top-k 1 keeping only a token
-    that does not fit, the likeliest that fits is taken."""
-    probs = np.full(len(PIECES), 1e-9)
-    probs[[6, 0, 10]] = [0.5, 0.3, 0.2]  # x does not fit; { and {"a do
-    logits = np.log(probs)
-    counts = {0: 0, 10: 0}
-    for seed in range(400):
-        sampler = Sampler(SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed))
-        token = _constraint().choose(logits, sampler)
-        assert token in counts and sampler.history == [token]
-        counts[token] += 1
-    assert 0.53 < counts[0] / 400 < 0.67  # 0.3 / (0.3 + 0.2) = 0.6
-    sampler = Sampler(SamplingParams(temperature=1.0, top_k=1, seed=1))
-    assert _constraint().choose(logits, sampler) == 0
-
-
-def test_a_token_that_fits_nowhere_ends_the_choice() -> None:
-    c = JsonConstraint(lambda t: b"x", set())
-    assert c.choose(np.zeros(4), Sampler(SamplingParams(temperature=0.0))) is None
-
-
-@pytest.fixture(scope="module")
-def path(synthetic_gguf: Callable[..., Path]) -> Path:
-    return synthetic_gguf("qwen2", seed=11)
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_a_synthetic_models_reply_stays_a_json_object(
-    path: Path, tmp_path: Path, temperature: float
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gemma3"])
+def test_a_random_models_reply_is_the_schemas_json(
+    synthetic_gguf: Callable[..., Path], tmp_path: Path, arch: str
 ) -> None:
-    """A model of random weights, in JSON mode with the lookup drafter on: every prefix of the
-    reply is one of a JSON object, and a reply that ended on its own parses; no draft ran."""
-    session = ChatSession.open(path, name="syn", cache_dir=tmp_path, capacities=[256])
+    """Models of random weights (a byte-level BPE and a SentencePiece vocabulary), greedy and
+    sampled, with the lookup drafter on: each reply parses as the object the schema describes
+    and ends there (stop reason eos), with no run of whitespace over 16 (these models write
+    little else where they may); no draft ran."""
+    session = ChatSession.open(
+        synthetic_gguf(arch, seed=11), name="syn", cache_dir=tmp_path, capacities=[256]
+    )
     session.use_drafters([LookupDrafter()])
     try:
-        for seed in range(3):
+        for temperature, seed in ((0.0, 0), (0.9, 1), (0.9, 2)):
             params = SamplingParams(
-                temperature=temperature, seed=seed, max_tokens=60, json_object=True
+                temperature=temperature, seed=seed, max_tokens=200, json_schema=json.dumps(SCHEMA)
             )
-            request = ChatRequest("c", "", (ChatMessage("user", f"hello {seed}"),), params)
-            events = list(session.generate(request, threading.Event()))
-            text = "".join(e.text for e in events if isinstance(e, TokenDelta))
-            final = events[-1]
-            assert isinstance(final, Finished)
-            assert JsonPrefix().feed(text.encode()) is not None, text
-            if final.stop_reason == "eos":
-                assert isinstance(json.loads(text), dict)
+            text, final = _reply(session, params)
+            assert isinstance(final, Finished) and final.stop_reason == "eos", text
+            value = json.loads(text)
+            assert set(value) == {"ok", "color"}, text
+            assert isinstance(value["ok"], bool) and value["color"] in ("red", "green")
+            assert not re.search(r"\s{17,}", text), text  # whitespace runs are bounded
             assert final.metrics.drafted == 0
     finally:
         session.close()
+
+
+def test_json_mode_starts_an_object_and_a_free_reply_does_not(
+    synthetic_gguf: Callable[..., Path], tmp_path: Path
+) -> None:
+    session = ChatSession.open(
+        synthetic_gguf("qwen2", seed=11), name="syn", cache_dir=tmp_path, capacities=[256]
+    )
+    try:
+        free, _ = _reply(session, SamplingParams(temperature=0.0, max_tokens=8))
+        shaped, final = _reply(
+            session, SamplingParams(temperature=0.0, max_tokens=8, json_schema=ANY_OBJECT)
+        )
+    finally:
+        session.close()
+    assert shaped.startswith("{") and not free.startswith("{")
+    assert isinstance(final, Finished) and final.stop_reason == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    ("schema", "needle"),
+    [
+        ("{not json", "is not valid"),
+        (json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "cannot be"),
+        (json.dumps({"type": "wizard"}), "cannot be"),
+    ],
+)
+def test_a_bad_schema_is_a_one_line_invalid_request(
+    synthetic_gguf: Callable[..., Path], tmp_path: Path, schema: str, needle: str
+) -> None:
+    session = ChatSession.open(
+        synthetic_gguf("qwen2", seed=11), name="syn", cache_dir=tmp_path, capacities=[256]
+    )
+    try:
+        with pytest.raises(InvalidRequestError, match=needle):
+            constraint_for(session.tokenizer, schema)
+        _, final = _reply(session, SamplingParams(json_schema=schema))
+    finally:
+        session.close()
+    assert isinstance(final, Failed) and final.kind == "invalid"
+    assert needle in final.message and "\n" not in final.message
+
+
+def test_served_response_formats(synthetic_gguf: Callable[..., Path], tmp_path: Path) -> None:
+    """OpenAI's `response_format` through the `openai` client on the concurrent engine: a
+    schema's reply parses to it, JSON mode starts an object, text is free; malformed formats
+    and schemas are 400s."""
+    session = ChatSession.open(
+        synthetic_gguf("qwen2", seed=11),
+        name="syn",
+        cache_dir=tmp_path,
+        capacities=[256],
+        batch_max=2,
+    )
+    engine = ConcurrentEngine(session, max_queue=4)
+    ask: dict[str, Any] = {
+        "model": "syn",
+        "messages": [{"role": "user", "content": "hello"}],
+        "temperature": 0,
+        "max_tokens": 200,
+    }
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    with serving(engine, context_length=256, slots=None) as (_, client):
+        shaped = client.chat.completions.create(**ask, response_format=schema)
+        anything = client.chat.completions.create(
+            **ask | {"max_tokens": 4}, response_format={"type": "json_object"}
+        )
+        bad = [
+            {"type": "yaml"},
+            {"type": "json_schema"},
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/x"}}},
+        ]
+        for response_format in bad:
+            with pytest.raises(openai.BadRequestError):
+                client.chat.completions.create(**ask, response_format=response_format)
+    engine.close()
+    assert shaped.choices[0].finish_reason == "stop"
+    value = json.loads(shaped.choices[0].message.content or "")
+    assert set(value) == {"ok", "color"}
+    assert (anything.choices[0].message.content or "").startswith("{")

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from serve_helpers import serving
 
@@ -34,6 +33,21 @@ WEATHER = {
             "properties": {"city": {"type": "string", "description": "the city"}},
             "required": ["city"],
         },
+    },
+}
+
+
+CAT = {
+    "name": "cat",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "colors": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        },
+        "required": ["name", "age", "colors"],
+        "additionalProperties": False,
     },
 }
 
@@ -130,9 +144,9 @@ def test_qwen_tool_request_comes_back_as_a_tool_call(
 def test_qwen_json_mode_answers_with_one_json_object(
     real_gguf: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """`response_format: json_object`: where the model left alone opens a code block, the reply
-    is one JSON object that parses, ending (finish reason stop) when it closes; a JSON schema
-    is refused."""
+    """`response_format`: where the model left alone opens a code block, JSON mode's reply is
+    one JSON object that parses, ending (finish reason stop) when it closes, and a schema's
+    reply has the schema's fields and types."""
     session = _open(real_gguf("qwen2.5-coder-0.5b"), tmp_path / "cache", "qwen2.5-coder-0.5b")
     ask: dict[str, Any] = {
         "model": "qwen2.5-coder-0.5b",
@@ -144,10 +158,9 @@ def test_qwen_json_mode_answers_with_one_json_object(
         with serving(session, context_length=512) as (_, client):
             plain = client.chat.completions.create(**ask)
             shaped = client.chat.completions.create(**ask, response_format={"type": "json_object"})
-            with pytest.raises(openai.BadRequestError, match="json_object"):
-                client.chat.completions.create(
-                    **ask, response_format={"type": "json_schema", "json_schema": {"name": "x"}}
-                )
+            typed = client.chat.completions.create(
+                **ask, response_format={"type": "json_schema", "json_schema": CAT}
+            )
     finally:
         session.close()
     assert (plain.choices[0].message.content or "").lstrip().startswith("```")
@@ -155,3 +168,9 @@ def test_qwen_json_mode_answers_with_one_json_object(
     assert choice.finish_reason == "stop"
     cat = json.loads(choice.message.content or "")
     assert isinstance(cat, dict) and {"name", "age"} <= set(cat)
+    choice = typed.choices[0]
+    assert choice.finish_reason == "stop"
+    cat = json.loads(choice.message.content or "")
+    assert set(cat) == {"name", "age", "colors"}
+    assert isinstance(cat["name"], str) and isinstance(cat["age"], int)
+    assert cat["colors"] and all(isinstance(c, str) for c in cat["colors"])

@@ -1,11 +1,11 @@
 """The OpenAI request schema, validated with pydantic and turned into the engine's `ChatRequest`.
 
-Fields OpenAI defines and npuchat cannot honour (n > 1, images, a JSON schema, a completion's
-echo) are refused with a 400 that names the field, rather than silently ignored;
-fields unknown to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep
-working. Sampling values outside the engine's domains (`engine.sampling_domain`: a negative
-temperature, top_p outside (0, 1], ...) and max_tokens beyond the context are refused here,
-before a request is queued, by the same rule the engine applies.
+Fields OpenAI defines and npuchat cannot honour (n > 1, images, a completion's echo) are refused
+with a 400 that names the field, rather than silently ignored; fields unknown to the schema are
+ignored, as OpenAI-compatible servers do, so newer clients keep working. Sampling values outside
+the engine's domains (`engine.sampling_domain`: a negative temperature, top_p outside (0, 1],
+...) and max_tokens beyond the context are refused here, before a request is queued, by the same
+rule the engine applies.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from npuchat.engine.events import (
     ToolCall,
     ToolSpec,
 )
+from npuchat.engine.grammar import ANY_OBJECT
 from npuchat.engine.logprobs import MAX_TOP_LOGPROBS
 from npuchat.engine.sampling_domain import sampling_problems
 
@@ -158,13 +159,25 @@ class _Sampling(_Model):
 
     @field_validator("response_format")
     @classmethod
-    def _text_or_json(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type", "text") not in ("text", "json_object"):
-            raise ValueError(
-                'only {"type": "text"} and {"type": "json_object"} are supported (no JSON '
-                "schema); describe the fields in the prompt and ask for json_object"
-            )
+    def _known_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        kind = (value or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError('type must be "text", "json_object" or "json_schema"')
+        if kind == "json_schema":
+            spec = value.get("json_schema") if value else None
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ValueError('json_schema needs {"name": ..., "schema": {...}}')
         return value
+
+    def json_schema(self) -> str | None:
+        """`SamplingParams.json_schema`: the schema the reply is held to (JSON mode: any
+        object), or None."""
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_object":
+            return ANY_OBJECT
+        if kind == "json_schema":
+            return json.dumps(self.response_format["json_schema"]["schema"])  # type: ignore[index]
+        return None
 
     @field_validator("n")
     @classmethod
@@ -206,8 +219,7 @@ class _Sampling(_Model):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logprobs=self.want_logprobs(),
-            json_object=self.response_format is not None
-            and self.response_format.get("type") == "json_object",
+            json_schema=self.json_schema(),
             logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
             seed=self.seed,
             max_tokens=max_tokens,

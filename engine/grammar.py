@@ -1,0 +1,116 @@
+"""Constrained decoding: a reply held to a JSON schema (OpenAI's structured outputs) or to any JSON
+object (JSON mode), by llguidance, the grammar engine llama.cpp and vLLM use.
+
+Each step llguidance gives the set of tokens that keep the reply a prefix of what the schema
+allows (a bit per token, ~0.2 ms for a 152k vocabulary); the others' logits are set to -inf and
+the sampling settings apply among the rest, so greedy takes the likeliest token that fits and a
+sampled reply draws from the warped distribution over those that fit. The reply ends when the
+value is complete. Whitespace between tokens is held to 16 characters at a time, so a model
+cannot loop on newlines inside the format.
+
+The vocabulary is handed to llguidance once per tokenizer (each token's bytes, control tokens
+marked as llguidance expects; ~1-2 s for 150-260k tokens, so it is built on the first request
+that needs it and kept).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+import numpy as np
+
+from .errors import InvalidRequestError
+from .sampler import Sampler
+from .tokenizer import Tokenizer, TokenType
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a type the stubs alone name
+
+__all__ = ["ANY_OBJECT", "Constraint", "constraint_for"]
+
+ANY_OBJECT = '{"type": "object"}'  # JSON mode's schema
+_OPTIONS: JsonCompileOptions = {"whitespace_pattern": "[ \t\n\r]{0,16}"}
+_VOCABS: weakref.WeakKeyDictionary[Tokenizer, llguidance.LLTokenizer] = weakref.WeakKeyDictionary()
+_VOCABS_LOCK = threading.Lock()
+
+
+class _Vocab:
+    """What llguidance's `TokenizerWrapper` reads: every token's bytes (control tokens behind a
+    0xFF byte, as its llama.cpp adapter marks them), the ends of a turn and the encoder."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_id
+        self.bos_token_id = tokenizer.bos_id
+        self.tokens: list[bytes] = []
+        self.special_token_ids: list[int] = []
+        for t in range(tokenizer.vocab_size):
+            if tokenizer.token_type(t) == TokenType.CONTROL:
+                self.tokens.append(b"\xff" + tokenizer.piece_bytes(t, special=True))
+                self.special_token_ids.append(t)
+            else:
+                self.tokens.append(tokenizer.piece_bytes(t))
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        s = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
+        return self._tokenizer.encode(s)
+
+
+def _vocab(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    with _VOCABS_LOCK:
+        found = _VOCABS.get(tokenizer)
+        if found is None:
+            ends = sorted(tokenizer.eot_ids) or None
+            wrapper = llguidance.TokenizerWrapper(_Vocab(tokenizer))
+            found = llguidance.LLTokenizer(wrapper, n_vocab=tokenizer.vocab_size, eos_token=ends)
+            _VOCABS[tokenizer] = found
+        return found
+
+
+def constraint_for(tokenizer: Tokenizer, schema: str) -> Constraint:
+    """A reply's constraint to `schema` (JSON text); a schema that is not JSON, or that
+    llguidance cannot compile, is an `InvalidRequestError` saying why in one line."""
+    try:
+        parsed: Any = json.loads(schema)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(parsed, defaults=_OPTIONS)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequestError(f"the JSON schema is not valid: {exc}") from None
+    matcher = llguidance.LLMatcher(_vocab(tokenizer), grammar, log_level=0)
+    if matcher.is_error():
+        first = matcher.get_error().strip().splitlines()[:1] or ["unknown error"]
+        raise InvalidRequestError(f"the JSON schema cannot be used: {first[0][:300]}")
+    return Constraint(matcher, tokenizer.vocab_size)
+
+
+class Constraint:
+    """One reply's grammar state: which tokens may come next, and the choice among them."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
+        self._matcher = matcher
+        self._vocab = vocab
+
+    @property
+    def done(self) -> bool:
+        """The value is complete: the reply ends here."""
+        return bool(self._matcher.is_stopped())
+
+    def allowed(self) -> np.ndarray:
+        """A bool per token: whether it may come next."""
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self._vocab].astype(bool)
+
+    def choose(self, logits: np.ndarray, sampler: Sampler) -> int | None:
+        """The next token, drawn as `sampler` would among those that fit and recorded in its
+        history; None where none fits (the matcher failed: the reply ends)."""
+        fits = self.allowed()
+        if self._matcher.is_error() or not fits.any():
+            return None
+        masked = np.where(fits[: len(logits)], np.asarray(logits, dtype=np.float32), -np.inf)
+        token = sampler.sample(masked)
+        if not fits[token] or not self._matcher.consume_token(token):
+            return None
+        return token
