@@ -73,6 +73,16 @@ class Reply:
         return figures.usage(self.metrics, self.completion_tokens)
 
 
+def usage_of(replies: list[Reply]) -> dict[str, Any]:
+    """One usage object for the choices of a request: the prompt counted once (the first
+    choice's: the others read the same prompt), every choice's completion tokens."""
+    usage = replies[0].usage()
+    more = sum(r.completion_tokens for r in replies[1:])
+    usage["completion_tokens"] += more
+    usage["total_tokens"] += more
+    return usage
+
+
 async def recorded(first: Event, rest: AsyncIterator[Event], reply: Reply) -> AsyncIterator[Event]:
     """`first`, then `rest`, each added to `reply`, up to and including the terminal event."""
     reply.add(first)
@@ -160,6 +170,18 @@ class ChatShape(_Shape):
         self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
 
     def whole(self, reply: Reply) -> dict[str, Any]:
+        return self.whole_choices([reply])
+
+    def whole_choices(self, replies: list[Reply]) -> dict[str, Any]:
+        """`npuchat`: the first choice's figures (the others ran beside it)."""
+        return {
+            **self._head("chat.completion"),
+            "choices": [self._choice(r, i) for i, r in enumerate(replies)],
+            "usage": usage_of(replies),
+            "npuchat": figures.extension(replies[0].metrics),
+        }
+
+    def _choice(self, reply: Reply, index: int) -> dict[str, Any]:
         text = self.prefix + reply.text
         content, calls = split_reply(text, self.tools) if self.tools else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
@@ -167,17 +189,11 @@ class ChatShape(_Shape):
             message["tool_calls"] = [_tool_call_json(c) for c in calls]
         elif message["content"] is None:
             message["content"] = ""
-        choice = {
-            "index": 0,
+        return {
+            "index": index,
             "message": message,
             "logprobs": chat_logprobs(reply.logprobs) if self.logprobs else None,
             "finish_reason": reply.finish_reason(bool(calls)),
-        }
-        return {
-            **self._head("chat.completion"),
-            "choices": [choice],
-            "usage": reply.usage(),
-            "npuchat": figures.extension(reply.metrics),
         }
 
     def chunk(
@@ -216,17 +232,29 @@ class TextShape(_Shape):
         self.id = self.id or "cmpl-" + secrets.token_hex(12)
 
     def _choice(
-        self, text: str, finish: str | None, logprobs: list[TokenLogprob], offset: int = 0
+        self,
+        text: str,
+        finish: str | None,
+        logprobs: list[TokenLogprob],
+        offset: int = 0,
+        index: int = 0,
     ) -> dict[str, Any]:
         probs = text_logprobs(logprobs, offset) if self.logprobs else None
-        return {"index": 0, "text": text, "logprobs": probs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": probs, "finish_reason": finish}
 
     def whole(self, reply: Reply) -> dict[str, Any]:
+        return self.whole_choices([reply])
+
+    def whole_choices(self, replies: list[Reply]) -> dict[str, Any]:
+        choices = [
+            self._choice(r.text, r.finish_reason(), r.logprobs, index=i)
+            for i, r in enumerate(replies)
+        ]
         return {
             **self._head("text_completion"),
-            "choices": [self._choice(reply.text, reply.finish_reason(), reply.logprobs)],
-            "usage": reply.usage(),
-            "npuchat": figures.extension(reply.metrics),
+            "choices": choices,
+            "usage": usage_of(replies),
+            "npuchat": figures.extension(replies[0].metrics),
         }
 
     def chunk(

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from npuchat.engine.events import ChatEngine, Event, Failed
+from npuchat.engine.events import ChatEngine, ChatRequest, Event, Failed
 
 from .metrics import ServerMetrics
 from .responses import ChatShape, Reply, TextShape, recorded
@@ -140,6 +140,56 @@ async def _collect(first: Event, rest: AsyncIterator[Event]) -> Reply:
     return reply
 
 
+async def _choice(service: Service, request: ChatRequest, cancel: threading.Event) -> Reply:
+    """One of several choices, whole: a slot, the reply, its refusal as an `ApiError`."""
+    try:
+        await service.admission.enter()
+    except QueueFull as exc:
+        raise busy_error(exc.retry_after_s, str(exc)) from None
+    events = run_events(service.engine, service.admission, request, cancel)
+    try:
+        reply = await _collect(await anext(events), events)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    if isinstance(reply.terminal, Failed):
+        raise failed_error(reply.terminal, service)
+    return reply
+
+
+async def _run_choices(
+    request: Request,
+    service: Service,
+    prepared: Prepared,
+    whole: Callable[[list[Reply]], dict[str, Any]],
+) -> Response:
+    """`n` choices of one request, run together (each in a KV slot of its own, their decode
+    steps batched) and answered whole; the first refusal answers the request and cancels the
+    rest, as does the client going away."""
+    cancels = [threading.Event() for _ in range(prepared.choices)]
+
+    async def every() -> list[Reply]:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(_choice(service, prepared.choice(i), cancel))
+                for i, cancel in enumerate(cancels)
+            ]
+        return [t.result() for t in tasks]
+
+    try:
+        got, replies = await until_disconnect(request, every())
+    except BaseExceptionGroup as group:
+        for cancel in cancels:
+            cancel.set()
+        raise group.exceptions[0] from None
+    if not got or replies is None:
+        for cancel in cancels:
+            cancel.set()
+        return Response(status_code=499)
+    for reply in replies:
+        service.metrics.record_reply(reply.metrics, reply.completion_tokens)
+    return JSONResponse(whole(replies))
+
+
 async def _run(
     request: Request,
     service: Service,
@@ -210,6 +260,8 @@ async def chat_completions(request: Request) -> Response:
     shape = ChatShape(
         service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix, logprobs=logprobs
     )
+    if prepared.choices > 1:
+        return await _run_choices(request, service, prepared, shape.whole_choices)
     return await _run(
         request,
         service,
@@ -226,6 +278,8 @@ async def completions(request: Request) -> Response:
     prepared = prepare_completion(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
     shape = TextShape(service.model.id, logprobs=prepared.request.sampling.logprobs is not None)
+    if prepared.choices > 1:
+        return await _run_choices(request, service, prepared, shape.whole_choices)
     return await _run(
         request,
         service,

@@ -32,6 +32,7 @@ from npuchat.engine.sampling_domain import sampling_problems
 from .tools import CLOSE, forced_call_prefix
 
 MAX_STOP_STRINGS = 4
+MAX_CHOICES = 4  # `n`: one KV slot each on the CPU
 
 
 class ApiError(Exception):
@@ -181,9 +182,9 @@ class _Sampling(_Model):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
+    def _few_choices(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"ask for 1 to {MAX_CHOICES} choices")
         return n
 
     @field_validator("stop")
@@ -305,9 +306,22 @@ class Prepared:
     """Names of the tools offered (empty: no tool calls are parsed)."""
     reply_prefix: str = ""
     """What the reply was forced to start with (read back with the model's text)."""
+    choices: int = 1
+    """`n`: replies to the same request, answered together (whole, not streamed)."""
 
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))
+
+    def choice(self, index: int) -> ChatRequest:
+        """The request of choice `index`: a conversation of its own (each runs in its own KV
+        slot, batched with the others) and, given a seed, the seed plus the index, so that the
+        choices differ and a request repeated with its seed gets the same ones."""
+        r = self.request
+        if index == 0:
+            return r
+        seed = r.sampling.seed
+        sampling = replace(r.sampling, seed=None if seed is None else (seed + index) % 2**64)
+        return replace(r, conversation_id=f"{r.conversation_id}#{index}", sampling=sampling)
 
 
 _TURN_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "tool": "tool"}
@@ -427,7 +441,15 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
         reply_prefix=forced,
     )
     names = frozenset(t.name for t in tools)
-    return Prepared(request, body.stream, body.include_usage, names, forced)
+    return _choices(Prepared(request, body.stream, body.include_usage, names, forced), body)
+
+
+def _choices(prepared: Prepared, body: _Sampling) -> Prepared:
+    if body.n > 1 and body.stream:
+        raise ApiError(
+            400, "n: more than one choice is answered whole; leave out stream", param="n"
+        )
+    return replace(prepared, choices=body.n)
 
 
 def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
@@ -442,4 +464,4 @@ def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
         priority=body.priority,
         raw_prompt=body.text(),
     )
-    return Prepared(request, body.stream, body.include_usage, frozenset())
+    return _choices(Prepared(request, body.stream, body.include_usage, frozenset()), body)

@@ -1,0 +1,86 @@
+"""`n` choices of one request: run side by side on the engine, each equal to the same request
+run alone with its own seed, answered whole with their usage added up."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from scripted_engine import ScriptedEngine, ScriptedReply
+from serve_helpers import serving
+
+from npuchat.engine.concurrent_engine import ConcurrentEngine
+from npuchat.engine.session import ChatSession
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def test_each_choice_is_a_request_of_its_own_seed() -> None:
+    engine = ScriptedEngine(
+        [ScriptedReply(["a", "b"]), ScriptedReply(["c"]), ScriptedReply(["d", "e", "f"])]
+    )
+    with serving(engine) as (_, client):
+        r = client.chat.completions.create(
+            model="scripted-1b", messages=USER, n=3, seed=41, temperature=1.0
+        )
+        with pytest.raises(openai.BadRequestError, match="choices"):
+            client.chat.completions.create(model="scripted-1b", messages=USER, n=5)
+        with pytest.raises(openai.BadRequestError, match="stream"):
+            client.chat.completions.create(model="scripted-1b", messages=USER, n=2, stream=True)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert sorted(c.message.content or "" for c in r.choices) == ["ab", "c", "def"]
+    assert sorted(q.sampling.seed for q in engine.requests) == [41, 42, 43]
+    assert len({q.conversation_id for q in engine.requests}) == 3  # a KV slot each
+    assert r.usage is not None and r.usage.completion_tokens == 6
+
+
+@pytest.fixture(scope="module")
+def path(synthetic_gguf: Callable[..., Path]) -> Path:
+    return synthetic_gguf("qwen2", seed=11)
+
+
+def test_choices_run_together_equal_each_seed_alone(path: Path, tmp_path: Path) -> None:
+    """Sampled, two choices at once (batched on two KV slots) are the replies the same request
+    gets alone with seeds 7 and 8, and differ; greedy, two choices are the same reply."""
+    session = ChatSession.open(
+        path, name="syn", cache_dir=tmp_path, capacities=[256], accuracy_level=0, batch_max=2
+    )
+    engine = ConcurrentEngine(session, max_queue=4)
+    ask: dict[str, Any] = {"model": "syn", "messages": USER, "max_tokens": 12}
+    with serving(engine, context_length=256, slots=None) as (_, client):
+        both = client.chat.completions.create(**ask, n=2, seed=7, temperature=1.0)
+        alone = [
+            client.chat.completions.create(**ask, seed=s, temperature=1.0).choices[0]
+            for s in (7, 8)
+        ]
+        greedy = client.chat.completions.create(**ask, n=2, temperature=0)
+        text = client.completions.create(model="syn", prompt="the fox", n=2, max_tokens=6)
+    engine.close()
+    got = [c.message.content for c in both.choices]
+    assert got == [c.message.content for c in alone] and got[0] != got[1]
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    assert [c.index for c in text.choices] == [0, 1]
+
+
+def test_a_choice_refused_busy_answers_429_and_frees_the_others_slot() -> None:
+    """One slot and no queue: the second choice cannot wait, the request is a 429, the first
+    choice is cancelled (within a step of its 50), and the slot serves the next request."""
+    engine = ScriptedEngine(
+        [ScriptedReply(["x"] * 50, delay_s=0.02), ScriptedReply(["y"]), ScriptedReply(["ok"])]
+    )
+    with serving(engine, slots=1, max_queue=0) as (_, client):
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model="scripted-1b", messages=USER, n=2)
+        deadline = time.monotonic() + 0.5  # the 50 steps of the first choice take 1 s
+        while True:
+            try:
+                r = client.chat.completions.create(model="scripted-1b", messages=USER)
+                break
+            except openai.RateLimitError:
+                assert time.monotonic() < deadline, "the cancelled choice kept its slot"
+                time.sleep(0.02)
+    assert r.choices[0].message.content in ("y", "ok")
