@@ -23,17 +23,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from npuchat.engine.events import ChatEngine, ChatRequest, Event, Failed
 
 from .metrics import ServerMetrics
+from .prepare import Prepared, prepare_chat, prepare_completion
 from .responses import ChatShape, Reply, TextShape, recorded
 from .runner import Admission, QueueFull, run_events
-from .schema import (
-    ApiError,
-    ChatCompletionIn,
-    CompletionIn,
-    Prepared,
-    parse,
-    prepare_chat,
-    prepare_completion,
-)
+from .schema import ApiError, ChatCompletionIn, CompletionIn, parse
 from .streaming import EventStream, chat_chunks, text_chunks
 
 T = TypeVar("T")

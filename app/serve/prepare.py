@@ -1,0 +1,195 @@
+"""A validated OpenAI request turned into what the engine runs: the system prompt and turns, the
+tools and a forced call's opening, several choices, and the sampling the schema checked.
+
+Apart from `schema` (what a request may hold) because this is the part that knows the engine's
+request: the message roles it keeps, how a tool call is written back, when a reply continues.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from npuchat.engine.events import ChatMessage, ChatRequest, Role, ToolCall, ToolSpec
+
+from .schema import (
+    ApiError,
+    ChatCompletionIn,
+    CompletionIn,
+    NamedToolChoice,
+    SamplingIn,
+    ToolCallIn,
+)
+from .tools import CLOSE, forced_call_prefix
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request ready for the engine, with what the response needs to echo."""
+
+    request: ChatRequest
+    stream: bool
+    include_usage: bool
+    tools: frozenset[str]
+    """Names of the tools offered (empty: no tool calls are parsed)."""
+    reply_prefix: str = ""
+    """What the reply was forced to start with (read back with the model's text)."""
+    choices: int = 1
+    """`n`: replies to the same request, answered together (whole, not streamed)."""
+
+    def named(self, conversation_id: str) -> Prepared:
+        return replace(self, request=replace(self.request, conversation_id=conversation_id))
+
+    def choice(self, index: int) -> ChatRequest:
+        """The request of choice `index`: a conversation of its own (each runs in its own KV
+        slot, batched with the others) and, given a seed, the seed plus the index, so that the
+        choices differ and a request repeated with its seed gets the same ones."""
+        r = self.request
+        if index == 0:
+            return r
+        seed = r.sampling.seed
+        sampling = replace(r.sampling, seed=None if seed is None else (seed + index) % 2**64)
+        return replace(r, conversation_id=f"{r.conversation_id}#{index}", sampling=sampling)
+
+
+_TURN_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+def _tool_call(call: ToolCallIn) -> ToolCall:
+    args = call.function.arguments
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return ToolCall(call.function.name, text, call.id)
+
+
+def _messages(body: ChatCompletionIn) -> tuple[str, tuple[ChatMessage, ...]]:
+    """The leading system (or developer) messages become the system prompt; the rest stay
+    turns. A system message after the first turn is refused: the engine keeps one system
+    prompt per conversation."""
+    system: list[str] = []
+    turns: list[ChatMessage] = []
+    for i, m in enumerate(body.messages):
+        if m.role in ("system", "developer"):
+            if turns:
+                raise ApiError(
+                    400,
+                    f"messages.{i}: system messages must come before the conversation's turns",
+                    param=f"messages.{i}.role",
+                )
+            system.append(m.text())
+            continue
+        role = _TURN_ROLES[m.role]
+        calls = tuple(_tool_call(c) for c in m.tool_calls or ())
+        turns.append(ChatMessage(role, m.text(), calls, m.tool_call_id or ""))
+    if not turns:
+        raise ApiError(400, "messages: give at least one user message", param="messages")
+    return "\n\n".join(system), tuple(turns)
+
+
+def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str]:
+    """The tools offered, and the text the reply is forced to start with (`tool_choice`
+    "required" or a named function: the opening of a `<tool_call>` block, `tools` module)."""
+    choice = body.tool_choice
+    if not body.tools or choice == "none":
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            raise ApiError(400, "tool_choice: the request offers no tools", param="tool_choice")
+        return (), ""
+    tools = tuple(
+        ToolSpec(
+            t.function.name,
+            t.function.description,
+            json.dumps(t.function.parameters, ensure_ascii=False),
+        )
+        for t in body.tools
+    )
+    if choice == "required":
+        return tools, forced_call_prefix(None)
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.get("name", "")
+        if name not in {t.name for t in tools}:
+            raise ApiError(
+                400,
+                f"tool_choice: {name!r} is not one of the request's tools",
+                param="tool_choice.function.name",
+            )
+        return tools, forced_call_prefix(name)
+    return tools, ""
+
+
+def _continues(body: ChatCompletionIn, turns: tuple[ChatMessage, ...], forced: str) -> bool:
+    """Whether the reply extends the final assistant message (`continue_final_message`)."""
+    if not body.continue_final_message:
+        if body.add_generation_prompt is False:
+            raise ApiError(
+                400,
+                "add_generation_prompt: false is supported only with continue_final_message: true",
+                param="add_generation_prompt",
+            )
+        return False
+    if body.add_generation_prompt:
+        raise ApiError(
+            400,
+            "add_generation_prompt: give false (or leave it out) with continue_final_message:"
+            " the reply continues the final message instead of starting a new one",
+            param="add_generation_prompt",
+        )
+    last = turns[-1]
+    if last.role != "assistant" or last.tool_calls:
+        raise ApiError(
+            400,
+            "continue_final_message: the final message must be an assistant message with text"
+            " (no tool calls) to continue",
+            param=f"messages.{len(body.messages) - 1}",
+        )
+    if forced:
+        raise ApiError(
+            400,
+            "tool_choice: a forced tool call cannot continue a message; use auto or none",
+            param="tool_choice",
+        )
+    return True
+
+
+def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
+    system, turns = _messages(body)
+    tools, forced = _tools(body)
+    continue_reply = _continues(body, turns, forced)
+    given = (body.max_completion_tokens, body.max_tokens)
+    max_tokens = next((n for n in given if n is not None), context_length)
+    sampling = body.sampling(max_tokens, context_length)
+    if isinstance(body.tool_choice, NamedToolChoice):  # one call: it ends with its block
+        sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
+    request = ChatRequest(
+        conversation_id="",
+        system_prompt=system,
+        messages=turns,
+        sampling=sampling,
+        priority=body.priority,
+        tools=tools,
+        continue_reply=continue_reply,
+        reply_prefix=forced,
+    )
+    names = frozenset(t.name for t in tools)
+    return _choices(Prepared(request, body.stream, body.include_usage, names, forced), body)
+
+
+def _choices(prepared: Prepared, body: SamplingIn) -> Prepared:
+    if body.n > 1 and body.stream:
+        raise ApiError(
+            400, "n: more than one choice is answered whole; leave out stream", param="n"
+        )
+    return replace(prepared, choices=body.n)
+
+
+def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
+    if body.echo:
+        raise ApiError(400, "echo: not supported", param="echo")
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
+    request = ChatRequest(
+        conversation_id="",
+        system_prompt="",
+        messages=(),
+        sampling=body.sampling(max_tokens, context_length),
+        priority=body.priority,
+        raw_prompt=body.text(),
+    )
+    return _choices(Prepared(request, body.stream, body.include_usage, frozenset()), body)
