@@ -113,6 +113,21 @@ def test_completions_send_the_raw_prompt() -> None:
     assert "".join(c.choices[0].text for c in streamed) == " there"
 
 
+def test_a_completion_echoes_its_prompt_when_asked() -> None:
+    """`echo`: the prompt comes back before the text, whole and as the first streamed chunk;
+    the engine is asked the same either way."""
+    engine = ScriptedEngine([ScriptedReply([" upon", " a time"]), ScriptedReply([" there"])])
+    with serving(engine) as (_, client):
+        r = client.completions.create(model=MODEL, prompt="Once", max_tokens=5, echo=True)
+        streamed = list(
+            client.completions.create(model=MODEL, prompt="Then", echo=True, stream=True)
+        )
+    assert r.choices[0].text == "Once upon a time"
+    texts = [c.choices[0].text for c in streamed if c.choices]
+    assert texts[0] == "Then" and "".join(texts) == "Then there"
+    assert [q.raw_prompt for q in engine.requests] == ["Once", "Then"]
+
+
 def test_tool_calls_are_parsed_from_the_reply() -> None:
     engine = ScriptedEngine(lambda req: ScriptedReply(["Let me check. ", *CALL_TEXT.split("\n")]))
     with serving(engine) as (_, client):

@@ -170,7 +170,13 @@ BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | 
     ),
     ("two prompts", "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
     ("no prompt", "/v1/completions", {"model": MODEL}, 400, "prompt"),
-    ("echo", "/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
+    (
+        "echo with logprobs",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "a", "echo": True, "logprobs": 1},
+        400,
+        "echo",
+    ),
 ]
 
 

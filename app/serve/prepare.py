@@ -36,6 +36,8 @@ class Prepared:
     """What the reply was forced to start with (read back with the model's text)."""
     choices: int = 1
     """`n`: replies to the same request, answered together (whole, not streamed)."""
+    echo: str = ""
+    """A completion's prompt, given back before its text (`echo`)."""
 
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))
@@ -181,8 +183,8 @@ def _choices(prepared: Prepared, body: SamplingIn) -> Prepared:
 
 
 def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
-    if body.echo:
-        raise ApiError(400, "echo: not supported", param="echo")
+    if body.echo and body.want_logprobs() is not None:
+        raise ApiError(400, "echo: not with logprobs (the prompt's are not computed)", param="echo")
     max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
     request = ChatRequest(
         conversation_id="",
@@ -192,4 +194,6 @@ def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
         priority=body.priority,
         raw_prompt=body.text(),
     )
-    return _choices(Prepared(request, body.stream, body.include_usage, frozenset()), body)
+    echo = body.text() if body.echo else ""
+    prepared = Prepared(request, body.stream, body.include_usage, frozenset(), echo=echo)
+    return _choices(prepared, body)

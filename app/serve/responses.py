@@ -228,6 +228,8 @@ class ChatShape(_Shape):
 class TextShape(_Shape):
     """`text_completion` objects, whole and streamed (OpenAI streams the same object type)."""
 
+    echo: str = ""  # the prompt, given back before the text
+
     def __post_init__(self) -> None:
         self.id = self.id or "cmpl-" + secrets.token_hex(12)
 
@@ -247,7 +249,7 @@ class TextShape(_Shape):
 
     def whole_choices(self, replies: list[Reply]) -> dict[str, Any]:
         choices = [
-            self._choice(r.text, r.finish_reason(), r.logprobs, index=i)
+            self._choice(self.echo + r.text, r.finish_reason(), r.logprobs, index=i)
             for i, r in enumerate(replies)
         ]
         return {

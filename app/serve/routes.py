@@ -270,7 +270,8 @@ async def completions(request: Request) -> Response:
     service, body = await _body(request, CompletionIn)
     prepared = prepare_completion(body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
-    shape = TextShape(service.model.id, logprobs=prepared.request.sampling.logprobs is not None)
+    logprobs = prepared.request.sampling.logprobs is not None
+    shape = TextShape(service.model.id, logprobs=logprobs, echo=prepared.echo)
     if prepared.choices > 1:
         return await _run_choices(request, service, prepared, shape.whole_choices)
     return await _run(

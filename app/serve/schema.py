@@ -2,11 +2,11 @@
 `ChatRequest`).
 
 Fields OpenAI defines and npuchat cannot honour (several choices streamed, images, a completion's
-echo) are refused with a 400 that names the field, rather than silently ignored; fields unknown
-to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep working.
-Sampling values outside the engine's domains (`engine.sampling_domain`: a negative temperature,
-top_p outside (0, 1], ...) and max_tokens beyond the context are refused here, before a request
-is queued, by the same rule the engine applies.
+echo with logprobs) are refused with a 400 that names the field, rather than silently ignored;
+fields unknown to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep
+working. Sampling values outside the engine's domains (`engine.sampling_domain`: a negative
+temperature, top_p outside (0, 1], ...) and max_tokens beyond the context are refused here,
+before a request is queued, by the same rule the engine applies.
 """
 
 from __future__ import annotations

@@ -113,6 +113,8 @@ async def text_chunks(
     reply = Reply()
     pending: list[TokenLogprob] = []  # the tokens' since the last chunk, which carries them
     offset = 0  # the reply's characters before them
+    if shape.echo:
+        yield sse(shape.chunk(shape.echo))
     async for event in recorded(first, rest, reply):
         if isinstance(event, TokenDelta):
             pending.extend(event.logprobs)
