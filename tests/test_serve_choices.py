@@ -29,8 +29,6 @@ def test_each_choice_is_a_request_of_its_own_seed() -> None:
         )
         with pytest.raises(openai.BadRequestError, match="choices"):
             client.chat.completions.create(model="scripted-1b", messages=USER, n=5)
-        with pytest.raises(openai.BadRequestError, match="stream"):
-            client.chat.completions.create(model="scripted-1b", messages=USER, n=2, stream=True)
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert sorted(c.message.content or "" for c in r.choices) == ["ab", "c", "def"]
     assert sorted(q.sampling.seed for q in engine.requests) == [41, 42, 43]
@@ -45,7 +43,8 @@ def path(synthetic_gguf: Callable[..., Path]) -> Path:
 
 def test_choices_run_together_equal_each_seed_alone(path: Path, tmp_path: Path) -> None:
     """Sampled, two choices at once (batched on two KV slots) are the replies the same request
-    gets alone with seeds 7 and 8, and differ; greedy, two choices are the same reply."""
+    gets alone with seeds 7 and 8, and differ, streamed the same side by side (chunks told
+    apart by index, usage added up); greedy, two choices are the same reply."""
     session = ChatSession.open(
         path, name="syn", cache_dir=tmp_path, capacities=[256], accuracy_level=0, batch_max=2
     )
@@ -57,13 +56,50 @@ def test_choices_run_together_equal_each_seed_alone(path: Path, tmp_path: Path) 
             client.chat.completions.create(**ask, seed=s, temperature=1.0).choices[0]
             for s in (7, 8)
         ]
+        chunks = list(
+            client.chat.completions.create(
+                **ask,
+                n=2,
+                seed=7,
+                temperature=1.0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        streamed_text = list(
+            client.completions.create(
+                model="syn",
+                prompt="the fox",
+                n=2,
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                echo=True,
+            )
+        )
         greedy = client.chat.completions.create(**ask, n=2, temperature=0)
-        text = client.completions.create(model="syn", prompt="the fox", n=2, max_tokens=6)
+        text = client.completions.create(
+            model="syn", prompt="the fox", n=2, max_tokens=6, temperature=0
+        )
     engine.close()
     got = [c.message.content for c in both.choices]
     assert got == [c.message.content for c in alone] and got[0] != got[1]
     assert greedy.choices[0].message.content == greedy.choices[1].message.content
     assert [c.index for c in text.choices] == [0, 1]
+    streamed = ["", ""]
+    finishes = [None, None]
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+            finishes[c.index] = c.finish_reason or finishes[c.index]
+    assert streamed == got and finishes == ["length", "length"]
+    assert chunks[-1].usage is not None and both.usage is not None
+    assert chunks[-1].usage.completion_tokens == both.usage.completion_tokens == 24
+    by_index = ["", ""]
+    for chunk in streamed_text:
+        for c in chunk.choices:
+            by_index[c.index] += c.text
+    assert by_index == ["the fox" + c.text for c in text.choices]
 
 
 def test_a_choice_refused_busy_answers_429_and_frees_the_others_slot() -> None:
@@ -84,3 +120,14 @@ def test_a_choice_refused_busy_answers_429_and_frees_the_others_slot() -> None:
                 assert time.monotonic() < deadline, "the cancelled choice kept its slot"
                 time.sleep(0.02)
     assert r.choices[0].message.content in ("y", "ok")
+
+
+def test_a_choice_that_fails_mid_stream_ends_the_stream_with_its_error() -> None:
+    engine = ScriptedEngine([ScriptedReply(["a", "b"]), ScriptedReply(["c"], fail="boom")])
+    with serving(engine, slots=None) as (_, client):
+        stream = client.chat.completions.create(
+            model="scripted-1b", messages=USER, n=2, stream=True
+        )
+        with pytest.raises(openai.APIError, match="boom"):
+            for _ in stream:
+                pass

@@ -35,7 +35,7 @@ class Prepared:
     reply_prefix: str = ""
     """What the reply was forced to start with (read back with the model's text)."""
     choices: int = 1
-    """`n`: replies to the same request, answered together (whole, not streamed)."""
+    """`n`: replies to the same request, run side by side."""
     echo: str = ""
     """A completion's prompt, given back before its text (`echo`)."""
 
@@ -175,10 +175,6 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
 
 
 def _choices(prepared: Prepared, body: SamplingIn) -> Prepared:
-    if body.n > 1 and body.stream:
-        raise ApiError(
-            400, "n: more than one choice is answered whole; leave out stream", param="n"
-        )
     return replace(prepared, choices=body.n)
 
 

@@ -201,26 +201,35 @@ class ChatShape(_Shape):
         delta: dict[str, Any],
         finish: str | None = None,
         logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> dict[str, Any]:
-        """`logprobs`: those of the tokens since the last chunk (None: not asked for)."""
+        """`logprobs`: those of the tokens since the last chunk (None: not asked for);
+        `choice`: which of the request's choices the chunk belongs to."""
         probs = chat_logprobs(logprobs) if self.logprobs and logprobs is not None else None
-        choice = {"index": 0, "delta": delta, "logprobs": probs, "finish_reason": finish}
-        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        one = {"index": choice, "delta": delta, "logprobs": probs, "finish_reason": finish}
+        return {**self._head("chat.completion.chunk"), "choices": [one]}
 
-    def text_chunk(self, text: str, logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        return self.chunk({"content": text}, logprobs=logprobs)
+    def text_chunk(
+        self, text: str, logprobs: list[TokenLogprob] | None = None, choice: int = 0
+    ) -> dict[str, Any]:
+        return self.chunk({"content": text}, logprobs=logprobs, choice=choice)
 
     def call_chunk(
-        self, call: ToolCall, index: int, logprobs: list[TokenLogprob] | None = None
+        self,
+        call: ToolCall,
+        index: int,
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
     ) -> dict[str, Any]:
-        return self.chunk({"tool_calls": [_tool_call_json(call, index)]}, logprobs=logprobs)
+        delta = {"tool_calls": [_tool_call_json(call, index)]}
+        return self.chunk(delta, logprobs=logprobs, choice=choice)
 
-    def usage_chunk(self, reply: Reply) -> dict[str, Any]:
+    def usage_chunk(self, replies: list[Reply]) -> dict[str, Any]:
         return {
             **self._head("chat.completion.chunk"),
             "choices": [],
-            "usage": reply.usage(),
-            "npuchat": figures.extension(reply.metrics),
+            "usage": usage_of(replies),
+            "npuchat": figures.extension(replies[0].metrics),
         }
 
 
@@ -265,16 +274,17 @@ class TextShape(_Shape):
         finish: str | None = None,
         logprobs: list[TokenLogprob] | None = None,
         offset: int = 0,
+        choice: int = 0,
     ) -> dict[str, Any]:
         """`logprobs`: those of the tokens since the last chunk; `offset`: the reply's
-        characters before them."""
-        choice = self._choice(text, finish, logprobs or [], offset)
-        return {**self._head("text_completion"), "choices": [choice]}
+        characters before them; `choice`: which of the request's choices it belongs to."""
+        one = self._choice(text, finish, logprobs or [], offset, choice)
+        return {**self._head("text_completion"), "choices": [one]}
 
-    def usage_chunk(self, reply: Reply) -> dict[str, Any]:
+    def usage_chunk(self, replies: list[Reply]) -> dict[str, Any]:
         return {
             **self._head("text_completion"),
             "choices": [],
-            "usage": reply.usage(),
-            "npuchat": figures.extension(reply.metrics),
+            "usage": usage_of(replies),
+            "npuchat": figures.extension(replies[0].metrics),
         }

@@ -27,7 +27,7 @@ from .prepare import Prepared, prepare_chat, prepare_completion
 from .responses import ChatShape, Reply, TextShape, recorded
 from .runner import Admission, QueueFull, run_events
 from .schema import ApiError, ChatCompletionIn, CompletionIn, parse
-from .streaming import EventStream, chat_chunks, text_chunks
+from .streaming import EventStream, Start, chat_chunks, text_chunks
 
 T = TypeVar("T")
 B = TypeVar("B", ChatCompletionIn, CompletionIn)
@@ -133,17 +133,22 @@ async def _collect(first: Event, rest: AsyncIterator[Event]) -> Reply:
     return reply
 
 
-async def _choice(service: Service, request: ChatRequest, cancel: threading.Event) -> Reply:
-    """One of several choices, whole: a slot, the reply, its refusal as an `ApiError`."""
+async def _start(service: Service, request: ChatRequest, cancel: threading.Event) -> Start:
+    """One of several choices begun: a slot, its first event; a refusal as an `ApiError`."""
     try:
         await service.admission.enter()
     except QueueFull as exc:
         raise busy_error(exc.retry_after_s, str(exc)) from None
     events = run_events(service.engine, service.admission, request, cancel)
-    try:
-        reply = await _collect(await anext(events), events)
-    finally:
+    first = await anext(events)
+    if isinstance(first, Failed):
         await events.aclose()  # type: ignore[attr-defined]
+        raise failed_error(first, service)
+    return first, events
+
+
+async def _whole(service: Service, start: Start) -> Reply:
+    reply = await _collect(*start)
     if isinstance(reply.terminal, Failed):
         raise failed_error(reply.terminal, service)
     return reply
@@ -154,32 +159,44 @@ async def _run_choices(
     service: Service,
     prepared: Prepared,
     whole: Callable[[list[Reply]], dict[str, Any]],
+    stream: Callable[[list[Start], Callable[[list[Reply]], None]], AsyncIterator[bytes]],
 ) -> Response:
     """`n` choices of one request, run together (each in a KV slot of its own, their decode
-    steps batched) and answered whole; the first refusal answers the request and cancels the
-    rest, as does the client going away."""
-    cancels = [threading.Event() for _ in range(prepared.choices)]
+    steps batched), streamed side by side or answered whole; a refusal before the stream
+    answers the request and cancels the rest, as does the client going away."""
+    cancel = threading.Event()  # one for every choice: they end together
 
-    async def every() -> list[Reply]:
+    async def begun() -> list[Start]:
         async with asyncio.TaskGroup() as group:
             tasks = [
-                group.create_task(_choice(service, prepared.choice(i), cancel))
-                for i, cancel in enumerate(cancels)
+                group.create_task(_start(service, prepared.choice(i), cancel))
+                for i in range(prepared.choices)
             ]
         return [t.result() for t in tasks]
 
+    async def every(starts: list[Start]) -> list[Reply]:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_whole(service, s)) for s in starts]
+        return [t.result() for t in tasks]
+
+    def done(replies: list[Reply]) -> None:
+        for reply in replies:
+            service.metrics.record_reply(reply.metrics, reply.completion_tokens)
+
     try:
-        got, replies = await until_disconnect(request, every())
+        got, starts = await until_disconnect(request, begun())
+        if got and starts is not None and prepared.stream:
+            return EventStream(stream(starts, done), cancel)
+        replies = None
+        if got and starts is not None:
+            got, replies = await until_disconnect(request, every(starts))
     except BaseExceptionGroup as group:
-        for cancel in cancels:
-            cancel.set()
+        cancel.set()
         raise group.exceptions[0] from None
     if not got or replies is None:
-        for cancel in cancels:
-            cancel.set()
+        cancel.set()
         return Response(status_code=499)
-    for reply in replies:
-        service.metrics.record_reply(reply.metrics, reply.completion_tokens)
+    done(replies)
     return JSONResponse(whole(replies))
 
 
@@ -188,7 +205,7 @@ async def _run(
     service: Service,
     prepared: Prepared,
     whole: Callable[[Reply], dict[str, Any]],
-    stream: Callable[[Event, AsyncIterator[Event], Callable[[Reply], None]], AsyncIterator[bytes]],
+    stream: Callable[[list[Start], Callable[[list[Reply]], None]], AsyncIterator[bytes]],
 ) -> Response:
     admission = service.admission
     try:
@@ -210,7 +227,7 @@ async def _run(
             service.metrics.record_reply(reply.metrics, reply.completion_tokens)
 
         if prepared.stream:
-            return EventStream(stream(first, events, done), cancel)
+            return EventStream(stream([(first, events)], lambda rs: done(rs[0])), cancel)
         got, reply = await until_disconnect(request, _collect(first, events))
         if not got or reply is None:
             return Response(status_code=499)
@@ -253,17 +270,13 @@ async def chat_completions(request: Request) -> Response:
     shape = ChatShape(
         service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix, logprobs=logprobs
     )
+
+    def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:
+        return chat_chunks(shape, starts, include_usage=prepared.include_usage, done=done)
+
     if prepared.choices > 1:
-        return await _run_choices(request, service, prepared, shape.whole_choices)
-    return await _run(
-        request,
-        service,
-        prepared,
-        shape.whole,
-        lambda first, rest, done: chat_chunks(
-            shape, first, rest, include_usage=prepared.include_usage, done=done
-        ),
-    )
+        return await _run_choices(request, service, prepared, shape.whole_choices, stream)
+    return await _run(request, service, prepared, shape.whole, stream)
 
 
 async def completions(request: Request) -> Response:
@@ -272,17 +285,13 @@ async def completions(request: Request) -> Response:
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
     logprobs = prepared.request.sampling.logprobs is not None
     shape = TextShape(service.model.id, logprobs=logprobs, echo=prepared.echo)
+
+    def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:
+        return text_chunks(shape, starts, include_usage=prepared.include_usage, done=done)
+
     if prepared.choices > 1:
-        return await _run_choices(request, service, prepared, shape.whole_choices)
-    return await _run(
-        request,
-        service,
-        prepared,
-        shape.whole,
-        lambda first, rest, done: text_chunks(
-            shape, first, rest, include_usage=prepared.include_usage, done=done
-        ),
-    )
+        return await _run_choices(request, service, prepared, shape.whole_choices, stream)
+    return await _run(request, service, prepared, shape.whole, stream)
 
 
 def _model_object(service: Service) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The OpenAI request schema, validated with pydantic (`prepare` turns it into the engine's
 `ChatRequest`).
 
-Fields OpenAI defines and npuchat cannot honour (several choices streamed, images, a completion's
-echo with logprobs) are refused with a 400 that names the field, rather than silently ignored;
+Fields OpenAI defines and npuchat cannot honour (more than 4 choices, images, a completion's echo
+with logprobs) are refused with a 400 that names the field, rather than silently ignored;
 fields unknown to the schema are ignored, as OpenAI-compatible servers do, so newer clients keep
 working. Sampling values outside the engine's domains (`engine.sampling_domain`: a negative
 temperature, top_p outside (0, 1], ...) and max_tokens beyond the context are refused here,

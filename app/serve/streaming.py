@@ -6,6 +6,7 @@ write fails, which could be a whole prefill later) and sets the reply's cancel e
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 
@@ -51,82 +52,137 @@ def _error_chunk(event: Failed) -> bytes:
     return sse(ApiError(status, event.message, type=kind).body())
 
 
+Start = tuple[Event, AsyncIterator[Event]]  # a choice's first event and the rest
+
+
+async def _merged(starts: list[Start], replies: list[Reply]) -> AsyncIterator[tuple[int, Event]]:
+    """Every choice's events as they come, with the choice's index, each choice's up to its
+    terminal event, recorded in its `Reply`. Leaving early stops the readers (and so, through
+    `run_events`, the engine's replies)."""
+    if len(starts) == 1:
+        first, rest = starts[0]
+        async for event in recorded(first, rest, replies[0]):
+            yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+
+    async def read(i: int, first: Event, rest: AsyncIterator[Event]) -> None:
+        try:
+            async for event in recorded(first, rest, replies[i]):
+                await queue.put((i, event))
+        finally:
+            await queue.put((i, None))
+
+    readers = [asyncio.ensure_future(read(i, f, r)) for i, (f, r) in enumerate(starts)]
+    try:
+        left = len(readers)
+        while left:
+            i, item = await queue.get()
+            if item is None:
+                left -= 1
+            else:
+                yield i, item
+    finally:
+        for reader in readers:
+            reader.cancel()
+
+
+class _ChatChoice:
+    """One choice's stream state: its tool-call splitter, calls so far, and the log
+    probabilities of tokens not yet sent (the next chunk of the choice carries them)."""
+
+    def __init__(self, shape: ChatShape, index: int) -> None:
+        self.shape, self.index = shape, index
+        self.splitter = ToolCallSplitter(shape.tools) if shape.tools else None
+        if self.splitter is not None:
+            self.splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
+        self.calls = 0
+        self.pending: list[TokenLogprob] = []
+
+    def taken(self) -> list[TokenLogprob]:
+        out = self.pending.copy()
+        self.pending.clear()
+        return out
+
+    def pieces(self, text: str, final: bool = False) -> list[bytes]:
+        shape, i = self.shape, self.index
+        if self.splitter is None:
+            return [sse(shape.text_chunk(text, self.taken(), i))] if text else []
+        out = []
+        for piece in self.splitter.flush() if final else self.splitter.feed(text):
+            if piece.call is not None:
+                out.append(sse(shape.call_chunk(piece.call, self.calls, self.taken(), i)))
+                self.calls += 1
+            elif piece.text:
+                out.append(sse(shape.text_chunk(piece.text, self.taken(), i)))
+        return out
+
+
 async def chat_chunks(
     shape: ChatShape,
-    first: Event,
-    rest: AsyncIterator[Event],
+    starts: list[Start],
     *,
     include_usage: bool,
-    done: Callable[[Reply], None],
+    done: Callable[[list[Reply]], None],
 ) -> AsyncIterator[bytes]:
-    reply = Reply()
-    splitter = ToolCallSplitter(shape.tools) if shape.tools else None
-    if splitter is not None:
-        splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
-    calls = 0
-    pending: list[TokenLogprob] = []  # the tokens' since the last chunk, which carries them
-
-    def taken() -> list[TokenLogprob]:
-        out = pending.copy()
-        pending.clear()
-        return out
-
-    def pieces(text: str, final: bool = False) -> list[bytes]:
-        nonlocal calls
-        if splitter is None:
-            return [sse(shape.text_chunk(text, taken()))] if text else []
-        out = []
-        for piece in splitter.flush() if final else splitter.feed(text):
-            if piece.call is not None:
-                out.append(sse(shape.call_chunk(piece.call, calls, taken())))
-                calls += 1
-            elif piece.text:
-                out.append(sse(shape.text_chunk(piece.text, taken())))
-        return out
-
-    yield sse(shape.chunk({"role": "assistant", "content": ""}))
-    async for event in recorded(first, rest, reply):
+    """The chunks of every choice (`index` telling them apart), each choice's finish chunk
+    when it ends; a refusal in any ends the stream with its error."""
+    replies = [Reply() for _ in starts]
+    choices = [_ChatChoice(shape, i) for i in range(len(starts))]
+    for c in choices:
+        yield sse(shape.chunk({"role": "assistant", "content": ""}, choice=c.index))
+    async for i, event in _merged(starts, replies):
+        c, reply = choices[i], replies[i]
         if isinstance(event, TokenDelta):
-            pending.extend(event.logprobs)
-            for chunk in pieces(event.text):
+            c.pending.extend(event.logprobs)
+            for chunk in c.pieces(event.text):
                 yield chunk
-    if isinstance(reply.terminal, Failed):
-        yield _error_chunk(reply.terminal)
-    else:
-        for chunk in pieces("", final=True):
-            yield chunk
-        yield sse(shape.chunk({}, reply.finish_reason(calls > 0), taken() or None))
-        if include_usage:
-            yield sse(shape.usage_chunk(reply))
+        elif isinstance(reply.terminal, Failed):
+            yield _error_chunk(reply.terminal)
+            yield sse("[DONE]")
+            done(replies)
+            return
+        elif reply.terminal is not None:
+            for chunk in c.pieces("", final=True):
+                yield chunk
+            finish = reply.finish_reason(c.calls > 0)
+            yield sse(shape.chunk({}, finish, c.taken() or None, choice=i))
+    if include_usage:
+        yield sse(shape.usage_chunk(replies))
     yield sse("[DONE]")
-    done(reply)
+    done(replies)
 
 
 async def text_chunks(
     shape: TextShape,
-    first: Event,
-    rest: AsyncIterator[Event],
+    starts: list[Start],
     *,
     include_usage: bool,
-    done: Callable[[Reply], None],
+    done: Callable[[list[Reply]], None],
 ) -> AsyncIterator[bytes]:
-    reply = Reply()
-    pending: list[TokenLogprob] = []  # the tokens' since the last chunk, which carries them
-    offset = 0  # the reply's characters before them
+    """As `chat_chunks`, for completions (the prompt first where it is echoed)."""
+    replies = [Reply() for _ in starts]
+    pending: list[list[TokenLogprob]] = [[] for _ in starts]  # per choice, as in `_ChatChoice`
+    offsets = [0] * len(starts)  # each reply's characters before its pending tokens
     if shape.echo:
-        yield sse(shape.chunk(shape.echo))
-    async for event in recorded(first, rest, reply):
+        for i in range(len(starts)):
+            yield sse(shape.chunk(shape.echo, choice=i))
+    async for i, event in _merged(starts, replies):
+        reply = replies[i]
         if isinstance(event, TokenDelta):
-            pending.extend(event.logprobs)
+            pending[i].extend(event.logprobs)
             if event.text:
-                yield sse(shape.chunk(event.text, logprobs=pending, offset=offset))
-                offset += sum(len(e.text) for e in pending)
-                pending = []
-    if isinstance(reply.terminal, Failed):
-        yield _error_chunk(reply.terminal)
-    else:
-        yield sse(shape.chunk("", reply.finish_reason(), logprobs=pending, offset=offset))
-        if include_usage:
-            yield sse(shape.usage_chunk(reply))
+                yield sse(shape.chunk(event.text, None, pending[i], offsets[i], i))
+                offsets[i] += sum(len(e.text) for e in pending[i])
+                pending[i] = []
+        elif isinstance(reply.terminal, Failed):
+            yield _error_chunk(reply.terminal)
+            yield sse("[DONE]")
+            done(replies)
+            return
+        elif reply.terminal is not None:
+            yield sse(shape.chunk("", reply.finish_reason(), pending[i], offsets[i], i))
+    if include_usage:
+        yield sse(shape.usage_chunk(replies))
     yield sse("[DONE]")
-    done(reply)
+    done(replies)
