@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -87,6 +88,21 @@ async def _merged(starts: list[Start], replies: list[Reply]) -> AsyncIterator[tu
             reader.cancel()
 
 
+def _ending(
+    replies: list[Reply],
+    failed: Failed | None,
+    usage: Callable[[list[Reply]], dict[str, Any]] | None,
+    done: Callable[[list[Reply]], None],
+) -> list[bytes]:
+    """A stream's last chunks: the refusal that ended it, or the usage where asked for; then
+    `[DONE]`. The replies are handed to `done` (the server's figures) either way."""
+    done(replies)
+    last = [_error_chunk(failed)] if failed is not None else []
+    if failed is None and usage is not None:
+        last.append(sse(usage(replies)))
+    return [*last, sse("[DONE]")]
+
+
 class _ChatChoice:
     """One choice's stream state: its tool-call splitter, calls so far, and the log
     probabilities of tokens not yet sent (the next chunk of the choice carries them)."""
@@ -138,19 +154,16 @@ async def chat_chunks(
             for chunk in c.pieces(event.text):
                 yield chunk
         elif isinstance(reply.terminal, Failed):
-            yield _error_chunk(reply.terminal)
-            yield sse("[DONE]")
-            done(replies)
+            for chunk in _ending(replies, reply.terminal, None, done):
+                yield chunk
             return
         elif reply.terminal is not None:
             for chunk in c.pieces("", final=True):
                 yield chunk
             finish = reply.finish_reason(c.calls > 0)
             yield sse(shape.chunk({}, finish, c.taken() or None, choice=i))
-    if include_usage:
-        yield sse(shape.usage_chunk(replies))
-    yield sse("[DONE]")
-    done(replies)
+    for chunk in _ending(replies, None, shape.usage_chunk if include_usage else None, done):
+        yield chunk
 
 
 async def text_chunks(
@@ -176,13 +189,10 @@ async def text_chunks(
                 offsets[i] += sum(len(e.text) for e in pending[i])
                 pending[i] = []
         elif isinstance(reply.terminal, Failed):
-            yield _error_chunk(reply.terminal)
-            yield sse("[DONE]")
-            done(replies)
+            for chunk in _ending(replies, reply.terminal, None, done):
+                yield chunk
             return
         elif reply.terminal is not None:
             yield sse(shape.chunk("", reply.finish_reason(), pending[i], offsets[i], i))
-    if include_usage:
-        yield sse(shape.usage_chunk(replies))
-    yield sse("[DONE]")
-    done(replies)
+    for chunk in _ending(replies, None, shape.usage_chunk if include_usage else None, done):
+        yield chunk
