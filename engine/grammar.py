@@ -10,7 +10,7 @@ cannot loop on newlines inside the format.
 
 The vocabulary is handed to llguidance once per tokenizer (each token's bytes, control tokens
 marked as llguidance expects; ~1-2 s for 150-260k tokens, so it is built on the first request
-that needs it and kept).
+that needs it and kept). llguidance itself is imported then too (~30 ms a start would pay).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import llguidance
 import numpy as np
 
 from .errors import InvalidRequestError
@@ -28,6 +27,7 @@ from .sampler import Sampler
 from .tokenizer import Tokenizer, TokenType
 
 if TYPE_CHECKING:
+    import llguidance
     from llguidance._lib import JsonCompileOptions  # a type the stubs alone name
 
 __all__ = ["ANY_OBJECT", "Constraint", "constraint_for"]
@@ -61,6 +61,8 @@ class _Vocab:
 
 
 def _vocab(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    import llguidance
+
     with _VOCABS_LOCK:
         found = _VOCABS.get(tokenizer)
         if found is None:
@@ -74,11 +76,15 @@ def _vocab(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
 def constraint_for(tokenizer: Tokenizer, schema: str) -> Constraint:
     """A reply's constraint to `schema` (JSON text); a schema that is not JSON, or that
     llguidance cannot compile, is an `InvalidRequestError` saying why in one line."""
+    import llguidance
+
     try:
         parsed: Any = json.loads(schema)
         grammar = llguidance.LLMatcher.grammar_from_json_schema(parsed, defaults=_OPTIONS)
     except (ValueError, TypeError) as exc:
         raise InvalidRequestError(f"the JSON schema is not valid: {exc}") from None
+    except RecursionError:
+        raise InvalidRequestError("the JSON schema is nested too deeply") from None
     matcher = llguidance.LLMatcher(_vocab(tokenizer), grammar, log_level=0)
     if matcher.is_error():
         first = matcher.get_error().strip().splitlines()[:1] or ["unknown error"]
@@ -106,10 +112,12 @@ class Constraint:
     def choose(self, logits: np.ndarray, sampler: Sampler) -> int | None:
         """The next token, drawn as `sampler` would among those that fit and recorded in its
         history; None where none fits (the matcher failed: the reply ends)."""
-        fits = self.allowed()
+        fits = np.zeros(len(logits), dtype=bool)  # the model's rows past the tokenizer's: never
+        known = self.allowed()[: len(logits)]
+        fits[: len(known)] = known
         if self._matcher.is_error() or not fits.any():
             return None
-        masked = np.where(fits[: len(logits)], np.asarray(logits, dtype=np.float32), -np.inf)
+        masked = np.where(fits, np.asarray(logits, dtype=np.float32), -np.inf)
         token = sampler.sample(masked)
         if not fits[token] or not self._matcher.consume_token(token):
             return None

@@ -97,13 +97,12 @@ def _bias_problems(bias: object, vocab: int | None) -> list[tuple[str, str]]:
     if not isinstance(bias, tuple) or len(bias) > MAX_LOGIT_BIAS:
         return [("logit_bias", f"must hold at most {MAX_LOGIT_BIAS} (token id, bias) pairs")]
     top = f" below {vocab}" if vocab is not None else ""
+    end = vocab if vocab is not None else 2**63
     for pair in bias:
         ok = isinstance(pair, tuple) and len(pair) == 2
         token, value = pair if ok else (None, None)
-        if not ok or isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < end:
             return [("logit_bias", f"token ids must be whole numbers from 0{top}, got {token!r}")]
-        if vocab is not None and token >= vocab:
-            return [("logit_bias", f"token ids must be whole numbers from 0{top}, got {token}")]
         if not BIAS.holds(value):
             return [("logit_bias", f"biases must be {BIAS.describe()}, got {value!r}")]
     return []

@@ -94,6 +94,7 @@ def test_json_mode_starts_an_object_and_a_free_reply_does_not(
         ("{not json", "is not valid"),
         (json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "cannot be"),
         (json.dumps({"type": "wizard"}), "cannot be"),
+        ('{"a":' * 3000 + "1" + "}" * 3000, "nested too deeply"),
     ],
 )
 def test_a_bad_schema_is_a_one_line_invalid_request(

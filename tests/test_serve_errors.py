@@ -29,6 +29,7 @@ def _chat(**fields: Any) -> dict[str, Any]:
 BAD_INPUTS: list[tuple[str, str, bytes | dict[str, Any] | list[Any], int, str | None]] = [
     ("not JSON", "/v1/chat/completions", b'{"model": ', 400, None),
     ("not an object", "/v1/chat/completions", [1, 2], 400, None),
+    ("nested too deeply", "/v1/chat/completions", b"[" * 2_000 + b"]" * 2_000, 400, None),
     ("unknown model", "/v1/chat/completions", _chat(model="gpt-4o"), 404, "model"),
     ("negative temperature", "/v1/chat/completions", _chat(temperature=-0.5), 400, "temperature"),
     ("top_p 0", "/v1/chat/completions", _chat(top_p=0), 400, "top_p"),

@@ -93,6 +93,8 @@ async def read_json(request: Request, limit: int) -> Any:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # Python's parser stops at ~1,000 levels
+        raise ApiError(400, "the request body is nested too deeply") from None
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -170,7 +170,13 @@ class SamplingIn(_Model):
         if kind == "json_object":
             return ANY_OBJECT
         if kind == "json_schema":
-            return json.dumps(self.response_format["json_schema"]["schema"])  # type: ignore[index]
+            schema = self.response_format["json_schema"]["schema"]  # type: ignore[index]
+            try:
+                return json.dumps(schema)
+            except RecursionError:
+                raise ApiError(
+                    400, "response_format: the schema is nested too deeply", param="response_format"
+                ) from None
         return None
 
     @field_validator("n")
