@@ -21,6 +21,10 @@ Slots and conversations (llama.cpp server's slots, with paging):
   memory, `Sequence.park`), the interactive request takes its row, and the background reply
   resumes, exactly where it stopped, as soon as a row is free and no interactive request waits.
 
+A prompt that starts like another row's (the `n` choices of one request, one long few-shot
+prompt sent with different questions) copies that row's K/V instead of prefilling it again, and
+waits for it when that row is still prefilling it (`peer_prefix`).
+
 Speculative decoding runs only while one sequence runs alone (the scheduler says so per step);
 with several running, the batch is the better use of a step on this hardware (a verify of k+1
 rows costs about as much as a batched decode of k+1 streams).
@@ -36,6 +40,7 @@ from collections.abc import Callable, Iterator
 
 from .errors import NpuchatError
 from .events import Cancelled, ChatRequest, Event, Failed, Metrics, SamplingParams
+from .peer_prefix import RowPeers
 from .scheduler import BACKGROUND, INTERACTIVE, StepScheduler
 from .sequence import PARKED, Sequence, SlotTable
 from .session import ChatSession
@@ -59,9 +64,13 @@ class ConcurrentEngine:
         *,
         max_queue: int = DEFAULT_QUEUE,
         keep_warm_s: float = 0.0,
+        share_rows: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """`share_rows`: a prompt may copy the K/V another row holds (`peer_prefix`; off only
+        to measure what that saves)."""
         self.session = session
+        self.share_rows = share_rows
         self.model = session.model
         self.slots = SlotTable(self.model)
         self.scheduler = StepScheduler(self.model, self.slots, clock=clock)
@@ -175,6 +184,7 @@ class ConcurrentEngine:
                 speculate=lambda: self.scheduler.alone(seq),
                 store_lock=self._store,
                 t_request=t_request,
+                peers=RowPeers(seq, self._sequences, self._store) if self.share_rows else None,
             )
         finally:
             self.scheduler.unregister(seq)
@@ -290,6 +300,12 @@ class ConcurrentEngine:
                 seq.resume(row)
                 self.slots.owner[row] = seq
             self.scheduler.wake()
+
+    def _sequences(self) -> list[Sequence]:
+        """Every sequence with K/V: rows' owners, and parked ones (`peer_prefix`). Read
+        without `_cv` (lists copied whole under the GIL): the caller holds `_store`, which
+        comes after `_cv` in the lock order; one caught between the two lists is missed."""
+        return [s for s in list(self.slots.owner) if s is not None] + list(self._parked)
 
     def _forget(self, seq: Sequence) -> None:
         conv = self._conversation.pop(id(seq), None)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 Exporter = Callable[[int, int], KVSnapshot]
 Usable = Callable[[int, int], int]  # (rows, ring_from) -> the rows an import can continue from
+PeerLookup = Callable[[int, int], "PrefixHit | None"]  # (limit, rows to beat) -> another row's
 _FORMAT = 1
 _MAX_LAYERS = 1024
 _PARTS = ("k", "v", "k_scale", "v_scale")  # array names in the `.npz`, per layer: k0, k1, ...
@@ -69,7 +70,7 @@ class _Entry:
 class PrefixHit:
     length: int
     snapshot: KVSnapshot  # rows [0, length)
-    source: str  # "memory" or "disk"
+    source: str  # "memory", "disk" or "row" (another row of the cache: `peer_prefix`)
 
 
 class PrefixStore:
@@ -257,10 +258,13 @@ class PrefixStore:
         snap.ring_from = max(0, ring_from)
         return tokens, snap
 
-    def restore(self, seq: KVHolder, ids: Sequence[int]) -> tuple[int, str]:
-        """Put the longest available prefix of `ids` in `seq` (its own tokens, or a stored
-        entry); (reused tokens, where from). The last id is never reused: its logits start
-        the reply. A longer state `seq` is leaving is kept here first, for coming back to it."""
+    def restore(
+        self, seq: KVHolder, ids: Sequence[int], peer: PeerLookup | None = None
+    ) -> tuple[int, str]:
+        """Put the longest available prefix of `ids` in `seq` (its own tokens, a stored entry,
+        or, given `peer`, another row's: `peer_prefix`); (reused tokens, where from). The last
+        id is never reused: its logits start the reply. A longer state `seq` is leaving is
+        kept here first, for coming back to it."""
         limit = len(ids) - 1
         seq.resync()
         shared = min(common_prefix_len(seq.tokens, ids), limit)
@@ -268,6 +272,8 @@ class PrefixStore:
             self.put(seq.tokens, seq.kv_export)
         lcp = seq.usable(shared)  # a sliding layer's ring may no longer hold that far back
         hit = self.lookup(ids, limit, lambda n, ring_from: seq.model.usable(n, 0, ring_from))
+        if peer is not None:
+            hit = peer(limit, max(lcp, hit.length if hit else 0)) or hit
         if hit is not None and hit.length > lcp:
             seq.adopt(hit.snapshot, ids)
             return hit.length, hit.source

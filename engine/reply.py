@@ -12,7 +12,7 @@ one held to a JSON schema (`grammar`: a draft would be checked against the uncon
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -36,9 +36,28 @@ from .speculative import SpeculativeDecoder
 from .stop_matcher import StopMatcher
 from .tokenizer import StreamDecoder
 
-__all__ = ["METRICS_INTERVAL_S", "stream_reply"]
+__all__ = ["METRICS_INTERVAL_S", "prefill_prompt", "stream_reply"]
 
 METRICS_INTERVAL_S = 0.1  # live metrics at most ~10 Hz
+
+
+def prefill_prompt(
+    seq: Sequence, todo: list[int], progress: Metrics, clock: Callable[[], float]
+) -> Generator[MetricsUpdate, None, np.ndarray]:
+    """Prefill `todo` (not empty) chunk by chunk and return the logits after it; between
+    chunks, how far it is (`progress` filled in), for the front end's long-prompt meter."""
+    t0, step = clock(), seq.model.prefill_chunk
+    for start in range(0, len(todo), step):
+        done = min(len(todo), start + step)
+        logits = seq.prefill(todo[start:done], more=len(todo) - done)
+        if done == len(todo):
+            return logits
+        elapsed = clock() - t0
+        tps = done / elapsed if elapsed > 0 else 0.0
+        yield MetricsUpdate(
+            replace(progress, prefill_tokens=done, prefill_tps=tps, prefill_total=len(todo))
+        )
+    raise ValueError("nothing to prefill")  # `restore` never reuses a prompt's last token
 
 
 def stream_reply(

@@ -84,6 +84,7 @@ class Sequence:
         self.runner: StepRunner = runner if runner is not None else DirectRunner()
         self.tokens: list[int] = []
         self.parked: KVSnapshot | None = None  # the K/V rows while parked (module doc)
+        self.prompt: list[int] = []  # the prompt its prefill is writing, if any (`peer_prefix`)
 
     # the single-sequence interface the speculative decoder and the drafters use
     @property

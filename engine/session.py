@@ -28,16 +28,16 @@ from .events import (
     Event,
     Failed,
     Metrics,
-    MetricsUpdate,
     Notice,
     SamplingParams,
     ToolSpec,
 )
 from .grammar import constraint_for
 from .model import Model
+from .peer_prefix import RowPeers
 from .prefix_store import PrefixStore
 from .prompts import PromptBuilder
-from .reply import stream_reply
+from .reply import prefill_prompt, stream_reply
 from .sampling_domain import sampling_problems
 from .sequence import Sequence
 from .session_options import MIN_PREFIX_BUDGET, SessionOptions
@@ -273,13 +273,15 @@ class ChatSession:
         speculate: Callable[[], bool] | None = None,
         store_lock: AbstractContextManager[object] | None = None,
         t_request: float | None = None,
+        peers: RowPeers | None = None,
     ) -> Iterator[Event]:
         """One reply on `seq` (this session's own, or a KV slot of the concurrent engine).
 
         `speculate` says, before each step, whether speculative decoding may run (the
         concurrent engine: only while this sequence runs alone); `store_lock` guards the prefix
         store when several replies run at once; `t_request` is when the request arrived (TTFT
-        counts from there; default now).
+        counts from there; default now); `peers`: the cache's other rows, whose K/V the prompt
+        may copy (`peer_prefix`).
         """
         params = sampling if sampling is not None else getattr(request, "sampling", None)
         vocab = self.model.config.vocab_size
@@ -289,7 +291,9 @@ class ChatSession:
             return
         t0 = self._clock() if t_request is None else t_request
         try:
-            yield from self._generate(seq, request, cancel, sampling, speculate, store_lock, t0)
+            yield from self._generate(
+                seq, request, cancel, sampling, speculate, store_lock, t0, peers
+            )
         except RequestCancelled:
             yield Cancelled(Metrics(model=self._name, device=self._device))
         except NpuchatError as exc:
@@ -306,13 +310,6 @@ class ChatSession:
         if not ids:
             yield Failed("the prompt is empty", "invalid")
             return
-        if len(ids) >= self.model.max_capacity:
-            yield Failed(
-                f"the prompt is {len(ids)} tokens and {self._name} holds "
-                f"{self.model.max_capacity}; shorten it",
-                "invalid",
-            )
-            return
         yield from self.generate(ids, cancel, sampling=sampling)  # type: ignore[arg-type]
 
     def _generate(
@@ -324,6 +321,7 @@ class ChatSession:
         speculate: Callable[[], bool] | None,
         store_lock: AbstractContextManager[object] | None,
         t_request: float,
+        peers: RowPeers | None = None,
     ) -> Iterator[Event]:
         clock = self._clock
         if isinstance(request, ChatRequest):
@@ -341,35 +339,30 @@ class ChatSession:
         else:
             assert sampling is not None
             params, system, ids = sampling, None, request
+            if len(ids) >= self.model.max_capacity:  # a chat's turns are fitted instead
+                raise InvalidRequestError(
+                    f"the prompt is {len(ids)} tokens and {self._name} holds "
+                    f"{self.model.max_capacity}; shorten it"
+                )
         schema = params.json_schema
         shape = constraint_for(self.tokenizer, schema) if schema is not None else None
         store = store_lock or contextlib.nullcontext()
-        with store:
-            reused, _source = self.prefixes.restore(seq, ids)
-            warnings = list(self.prefixes.warnings)
-            self.prefixes.warnings.clear()
-        for warning in warnings:
-            yield Notice(warning, "warning")
-        t_prefill = clock()
-        todo = ids[reused:]
-        step = self.model.prefill_chunk
-        logits = None
-        for start in range(0, len(todo), step):
-            done = min(len(todo), start + step)
-            logits = seq.prefill(todo[start:done], more=len(todo) - done)
-            if done < len(todo):  # a long prompt: say how far its prefill is
-                elapsed = clock() - t_prefill
-                yield MetricsUpdate(
-                    Metrics(
-                        prefill_tokens=done,
-                        prefill_tps=done / elapsed if elapsed > 0 else 0.0,
-                        prefill_total=len(todo),
-                        reused_tokens=reused,
-                        model=self._name,
-                        device=self._device,
-                    )
-                )
-        assert logits is not None
+        if peers is not None:
+            peers.claim(ids, cancel)
+        try:
+            with store:
+                peer = (lambda limit, beat: peers.best(ids, limit, beat)) if peers else None
+                reused, _source = self.prefixes.restore(seq, ids, peer)
+                warnings = list(self.prefixes.warnings)
+                self.prefixes.warnings.clear()
+            for warning in warnings:
+                yield Notice(warning, "warning")
+            t_prefill = clock()
+            progress = Metrics(reused_tokens=reused, model=self._name, device=self._device)
+            logits = yield from prefill_prompt(seq, ids[reused:], progress, clock)
+        finally:
+            if peers is not None:
+                peers.release()
         prefill_s = clock() - t_prefill
         if system is not None:
             with store:

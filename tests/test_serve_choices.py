@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from scripted_engine import ScriptedEngine, ScriptedReply
@@ -131,3 +132,36 @@ def test_a_choice_that_fails_mid_stream_ends_the_stream_with_its_error() -> None
         with pytest.raises(openai.APIError, match="boom"):
             for _ in stream:
                 pass
+
+
+def test_choices_prefill_their_prompt_once(path: Path, tmp_path: Path) -> None:
+    """Three choices of a 200-token prompt: one prefills it, the others copy its rows and run
+    only its last token (`npuchat_prefill_tokens_total`: P + 2, not 3P); the usage counts the
+    prompt once, none of it cached on a fresh engine."""
+    session = ChatSession.open(
+        path, name="syn", cache_dir=tmp_path, capacities=[512], accuracy_level=0, batch_max=4
+    )
+    engine = ConcurrentEngine(session, max_queue=4)
+    prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 9)
+    with serving(engine, context_length=512, slots=None) as (server, client):
+        r = client.completions.create(
+            model="syn", prompt=prompt, n=3, max_tokens=4, temperature=1.0, seed=5
+        )
+        figures = httpx.get(server.url + "/metrics").text
+    engine.close()
+    assert r.usage is not None and r.usage.prompt_tokens > 150
+    details = r.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens == 0
+    want = f"npuchat_prefill_tokens_total {r.usage.prompt_tokens + 2}"
+    assert want in figures.splitlines()
+
+
+def test_a_completion_longer_than_the_context_is_a_400(path: Path, tmp_path: Path) -> None:
+    session = ChatSession.open(path, name="syn", cache_dir=tmp_path, capacities=[128])
+    engine = ConcurrentEngine(session)
+    with serving(engine, context_length=128, slots=None) as (_, client):
+        with pytest.raises(openai.BadRequestError, match="shorten it"):
+            client.completions.create(model="syn", prompt="the quick brown fox " * 40)
+        ok = client.completions.create(model="syn", prompt="the fox", max_tokens=3)
+    engine.close()
+    assert ok.choices[0].finish_reason == "length"

@@ -74,12 +74,13 @@ class Reply:
 
 
 def usage_of(replies: list[Reply]) -> dict[str, Any]:
-    """One usage object for the choices of a request: the prompt counted once (the first
-    choice's: the others read the same prompt), every choice's completion tokens."""
-    usage = replies[0].usage()
-    more = sum(r.completion_tokens for r in replies[1:])
-    usage["completion_tokens"] += more
-    usage["total_tokens"] += more
+    """One usage object for the choices of a request: the prompt counted once, as the choice
+    that prefilled most of it saw it (the others copy its rows: `peer_prefix`, so their cached
+    tokens say nothing of the request), every choice's completion tokens."""
+    read = [r for r in replies if figures.prompt_tokens(r.metrics)] or replies
+    usage = min(read, key=lambda r: r.metrics.reused_tokens).usage()
+    usage["completion_tokens"] = sum(r.completion_tokens for r in replies)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return usage
 
 
