@@ -2,7 +2,7 @@
 
     python benchmarks/concurrency.py [--model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b]
                                      [--threads 2] [--tokens 48] [--json F]
-                                     [--only aggregate,background,paste,switch,rss]
+                                     [--only aggregate,background,shared,paste,switch,rss]
                                      [--trace STEPS.log]
 
 For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no drafts:
@@ -28,6 +28,10 @@ For each model, through `ConcurrentEngine` (the engine the app uses), greedy, no
 * TTFT of the next turn of a ~2,000-token conversation after two other conversations ran,
   against its cold TTFT: with 4 slots (it kept its row) and with 1 slot (paged out to the
   prefix store and back); and that turn again after a restart (its KV read back from disk);
+* three requests for one ~1,000-token prompt started together (serve's `n` = 3): the time until
+  all three have their first token, and the prompt tokens the steps computed, with rows shared
+  (`peer_prefix`: one prefills, the others copy) and without, alternating over two rounds of
+  each (a new prompt each round);
 * peak RSS of a child process that loads the model with 1 or 4 slots at capacity 4,096, fills
   every slot and runs a decode step over them, beside its RSS once loaded and the KV bytes (the
   load's own peak, prepacking the weights, is reset first: it does not depend on the slots).
@@ -80,14 +84,15 @@ def aggregate(engine: ConcurrentEngine, n: int, tokens: int, tag: str) -> float:
     return inside / (end - start) if end > start else 0.0
 
 
-SECTIONS = ("aggregate", "background", "paste", "switch", "rss")
+SECTIONS = ("aggregate", "background", "shared", "paste", "switch", "rss")
+SHARED_TOKENS = 1000  # the prompt three requests share (`shared_figures`)
 
 
 def measure(
     path: Path, cache: Path, threads: int, tokens: int, sections: set[str]
 ) -> dict[str, float]:
     out = Figures()
-    if sections & {"aggregate", "background"}:
+    if sections & {"aggregate", "background", "shared"}:
         engine = open_engine(path, cache, 4, threads, [512, 1024, 2048, 4096])
         try:
             list(engine.generate(request("warm", "hi", 4), threading.Event()))  # graphs built
@@ -95,6 +100,8 @@ def measure(
                 aggregate_figures(engine, tokens, out)
             if "background" in sections:
                 background_figures(engine, tokens, out)
+            if "shared" in sections:
+                shared_figures(engine, out)
         finally:
             engine.close()
     if "paste" in sections:
@@ -136,6 +143,33 @@ def background_figures(engine: ConcurrentEngine, tokens: int, out: Figures) -> N
     out["interactive_with_bg_tps"] = fg.final.metrics.decode_tps
     out["interactive_with_bg_x"] = out["interactive_with_bg_tps"] / max(
         out["interactive_alone_tps"], 1e-9
+    )
+
+
+def shared_figures(engine: ConcurrentEngine, out: Figures) -> None:
+    """Three streams of one prompt at once, rows shared or not, alternating (module doc)."""
+    text = long_text(engine, SHARED_TOKENS)
+    ttft: dict[bool, list[float]] = {True: [], False: []}
+    computed: dict[bool, list[int]] = {True: [], False: []}
+    for r, share in enumerate((True, False, False, True)):
+        engine.share_rows = share
+        prompt = f"Round {r}. {text}\n\nSummarize the text above."
+        streams = [Stream(engine, request(f"shared{r}-{i}", prompt, 16)) for i in range(3)]
+        t0 = time.perf_counter()
+        for s in streams:
+            s.start()
+        for s in streams:
+            s.join()
+        ends = [s.final for s in streams]
+        assert all(isinstance(e, Finished) for e in ends), ends
+        ttft[share].append(max(s.times[0] for s in streams) - t0)
+        computed[share].append(sum(e.metrics.prefill_tokens for e in ends))  # type: ignore[union-attr]
+    engine.share_rows = True
+    for share, tag in ((True, "shared"), (False, "apart")):
+        out[f"shared_prompt_last_ttft_s_{tag}"] = statistics.median(ttft[share])
+        out[f"shared_prompt_prefilled_{tag}"] = statistics.median(computed[share])
+    out["shared_prompt_ttft_x"] = (
+        out["shared_prompt_last_ttft_s_shared"] / out["shared_prompt_last_ttft_s_apart"]
     )
 
 
