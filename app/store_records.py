@@ -13,10 +13,12 @@ from datetime import datetime
 from typing import Literal
 
 from npuchat.engine.events import Metrics, SamplingParams, StopReason
+from npuchat.engine.grammar import ANY_OBJECT
 
 Role = Literal["system", "user", "assistant"]
 MessageStatus = Literal["complete", "stopped", "partial", "error"]
 ExportFormat = Literal["markdown", "json"]
+ReplyFormat = Literal["text", "json"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,13 @@ class ConversationSettings:
     temperature: float = 0.7
     top_p: float = 0.95
     top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     max_tokens: int = 1024
     seed: int | None = None
+    reply_format: ReplyFormat = "text"  # "json": every reply is one JSON object (JSON mode)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -41,8 +48,13 @@ class ConversationSettings:
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
             max_tokens=self.max_tokens,
             seed=self.seed,
+            json_schema=ANY_OBJECT if self.reply_format == "json" else None,
         )
 
     @classmethod

@@ -190,6 +190,11 @@ async def _send(pilot: Pilot[None], text: str) -> None:
         ("top_k", "-5", "Top-k"),
         ("seed", "-1", "Seed"),
         ("max_tokens", "0", "Max tokens"),
+        ("min_p", "1.5", "Min-p"),
+        ("repeat_penalty", "0", "Repeat penalty"),
+        ("presence_penalty", "inf", "Presence penalty"),
+        ("frequency_penalty", "-3", "Frequency penalty"),
+        ("reply_format", "yaml", "Reply format"),
     ],
 )
 def test_settings_dialog_refuses_values_outside_their_domain(

@@ -106,7 +106,17 @@ def test_settings_modal_values_reach_the_engine_request(store: ConversationStore
         await wait_until(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen), "modal")
         modal = pilot.app.screen
         modal.query_one("#system_prompt", TextArea).text = "Answer in one word."
-        values = {"temperature": "0", "top_p": "0.5", "top_k": "7", "max_tokens": "64"}
+        values = {
+            "temperature": "0",
+            "top_p": "0.5",
+            "top_k": "7",
+            "min_p": "0.1",
+            "repeat_penalty": "1.1",
+            "presence_penalty": "0.5",
+            "frequency_penalty": "-0.25",
+            "max_tokens": "64",
+            "reply_format": "JSON",
+        }
         for name, value in values.items():
             modal.query_one(f"#{name}", Input).value = value
         # An invalid seed keeps the modal open with a message.
@@ -127,8 +137,16 @@ def test_settings_modal_values_reach_the_engine_request(store: ConversationStore
     assert request.system_prompt == "Answer in one word."
     s = request.sampling
     assert (s.temperature, s.top_p, s.top_k, s.max_tokens, s.seed) == (0.0, 0.5, 7, 64, 42)
+    assert (s.min_p, s.repeat_penalty, s.presence_penalty, s.frequency_penalty) == (
+        0.1,
+        1.1,
+        0.5,
+        -0.25,
+    )
+    assert s.json_schema is not None and json.loads(s.json_schema) == {"type": "object"}
     settings = store.list_conversations()[0].settings
     assert settings.seed == 42 and settings.system_prompt == "Answer in one word."
+    assert settings.reply_format == "json"
 
 
 def test_export_writes_the_file_and_says_where(store: ConversationStore, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Per-conversation settings: system prompt, model, draft and sampling parameters.
+"""Per-conversation settings: system prompt, model, draft, sampling parameters, reply format.
 
 Values are checked here with messages that say what is allowed; the screen only dismisses with
 settings that the engine will accept.
@@ -18,27 +18,40 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, TextArea
 
 from npuchat.app.store_records import ConversationSettings
-from npuchat.engine.sampling_domain import sampling_problems
+from npuchat.engine.sampling_domain import DOMAINS, sampling_problems
 
 
 @dataclass(frozen=True)
 class _Field:
     name: str
     label: str
-    kind: str  # "text" | "float" | "int" | "seed"
+    kind: str  # "text" | "float" | "int" | "seed" | "format"
     low: float | None = None
     high: float | None = None
     hint: str = ""
 
 
+def _ranged(name: str, label: str, hint: str = "") -> _Field:
+    """A number field with the engine's own range for it (`sampling_domain.DOMAINS`)."""
+    domain = DOMAINS[name]
+    return _Field(name, label, "int" if domain.whole else "float", domain.low, domain.high, hint)
+
+
+REPLY_FORMATS = ("text", "json")
+
 _FIELDS: tuple[_Field, ...] = (
     _Field("model", "Model", "text", hint="empty: the default model"),
     _Field("draft", "Draft", "text", hint="empty: none · lookup · default · a name"),
-    _Field("temperature", "Temperature", "float", 0.0, 5.0, "0 = greedy"),
-    _Field("top_p", "Top-p", "float", 0.0, 1.0),
-    _Field("top_k", "Top-k", "int", 0, 100_000, "0 = off"),
-    _Field("max_tokens", "Max tokens", "int", 1, 1_000_000),
+    _ranged("temperature", "Temperature", "0 = greedy"),
+    _ranged("top_p", "Top-p", "1 = off"),
+    _ranged("top_k", "Top-k", "0 = off"),
+    _ranged("min_p", "Min-p", "0 = off"),
+    _ranged("repeat_penalty", "Repeat penalty", "1 = off"),
+    _ranged("presence_penalty", "Presence penalty", "0 = off"),
+    _ranged("frequency_penalty", "Frequency penalty", "0 = off"),
+    _ranged("max_tokens", "Max tokens"),
     _Field("seed", "Seed", "seed", hint="empty: random"),
+    _Field("reply_format", "Reply format", "format", hint="text · json (one JSON object)"),
 )
 
 
@@ -51,6 +64,10 @@ def parse_field(spec: _Field, raw: str) -> object:
     text = raw.strip()
     if spec.kind == "text":
         return text
+    if spec.kind == "format":
+        if text.lower() not in REPLY_FORMATS:
+            raise SettingsError(f"{spec.label}: text, or json for a JSON object")
+        return text.lower()
     if spec.kind == "seed":
         if not text:
             return None
@@ -115,6 +132,8 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
                         value = getattr(self.settings, spec.name)
                         yield Label(spec.label, classes="field-label")
                         suggest = self.models if spec.name == "model" and self.models else None
+                        if spec.kind == "format":
+                            suggest = list(REPLY_FORMATS)
                         yield Input(
                             "" if value is None else str(value),
                             id=spec.name,
