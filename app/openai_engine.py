@@ -38,6 +38,7 @@ from npuchat.engine.events import (
     StopReason,
     TokenDelta,
 )
+from npuchat.engine.grammar import ANY_OBJECT
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0  # a long prefill on a slow server sends nothing for a while
@@ -171,6 +172,11 @@ class OpenAIEngine:
             body["stop"] = list(s.stop)
         if s.seed is not None:
             body["seed"] = s.seed
+        if s.json_schema == ANY_OBJECT:  # JSON mode, which every OpenAI-style server takes
+            body["response_format"] = {"type": "json_object"}
+        elif s.json_schema is not None:
+            schema = {"name": "reply", "schema": json.loads(s.json_schema)}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
         if self.served.npuchat:  # extensions only where the server is known to take them
             body |= {"top_k": s.top_k, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty}
             body["priority"] = request.priority

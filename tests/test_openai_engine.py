@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
@@ -35,12 +36,21 @@ from npuchat.engine.events import (
     SamplingParams,
     TokenDelta,
 )
+from npuchat.engine.grammar import ANY_OBJECT
 
 REQUEST = ChatRequest(
     "c1",
     "Be brief.",
     (ChatMessage("user", "Hi"),),
-    SamplingParams(temperature=0.0, max_tokens=20, stop=("zz",), seed=3),
+    SamplingParams(
+        temperature=0.0,
+        max_tokens=20,
+        stop=("zz",),
+        seed=3,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        json_schema=ANY_OBJECT,  # the app's JSON mode
+    ),
     priority="background",
 )
 
@@ -78,6 +88,18 @@ def test_reply_request_and_figures_round_trip() -> None:
     assert m.model == "scripted-1b" and m.kv_max_capacity == 1024
     assert engine.model_name == "scripted-1b" and engine.draft_name == "scripted-draft"
     assert engine.device.endswith(f"127.0.0.1:{server.port}")
+
+
+def test_a_schema_goes_as_the_response_format() -> None:
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}}'
+    scripted = ScriptedEngine([ScriptedReply(['{"n": 1}'])])
+    request = ChatRequest("c", "", (ChatMessage("user", "n?"),), SamplingParams(json_schema=schema))
+    with serving(scripted) as (server, _):
+        engine = OpenAIEngine(server.url)
+        _events(engine, request)
+        engine.close()
+    sent = scripted.requests[0].sampling.json_schema
+    assert sent is not None and json.loads(sent) == json.loads(schema)
 
 
 def test_raw_prompt_goes_to_completions() -> None:
