@@ -14,7 +14,8 @@ either could copy it. So a request first `claim`s its prompt: while another row 
 prefilling a prompt that shares at least `MIN_SHARED` more tokens with it than any row holds,
 it waits (polling; its row stays its own) until that prefill has written them, then copies.
 A waiter has not claimed anything, so no two requests can wait for each other; a parked
-sequence's prefill makes no progress, so nobody waits for one.
+sequence's prefill makes no progress, so nobody waits for one, nor, past `STALL_S`, for one
+whose consumer stopped reading (its prefill runs only as its events are taken).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from contextlib import AbstractContextManager
 from .prefix_store import PrefixHit, common_prefix_len
 from .sequence import PARKED, Sequence
 
-__all__ = ["MIN_SHARED", "RowPeers"]
+__all__ = ["MIN_SHARED", "STALL_S", "RowPeers"]
 
 MIN_SHARED = 16  # fewer shared tokens than this are prefilled again rather than waited for
+STALL_S = 5.0  # a prefill that writes no row for this long is not waited for any longer
 _POLL_S = 0.005
 
 
@@ -55,11 +57,15 @@ class RowPeers:
         `ids` as the prompt `seq` is prefilling. `release` ends the claim."""
         limit = len(ids) - 1
         first: int | None = None  # what the rows held when the wait began
+        last, grew_at = -1, time.monotonic()
         while True:
             with self._lock:
                 held, coming = self._shared(ids, limit)
                 first = held if first is None else first
-                if cancel.is_set() or coming - first < MIN_SHARED or coming <= held:
+                if held > last:
+                    last, grew_at = held, time.monotonic()
+                stalled = time.monotonic() - grew_at > STALL_S
+                if cancel.is_set() or stalled or coming - first < MIN_SHARED or coming <= held:
                     self.seq.prompt = list(ids)
                     return
             time.sleep(_POLL_S)

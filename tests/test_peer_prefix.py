@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from synthetic import write_synthetic_gguf
 
+from npuchat.engine import peer_prefix
 from npuchat.engine.concurrent_engine import ConcurrentEngine
-from npuchat.engine.events import Event, Finished, SamplingParams, TokenDelta
+from npuchat.engine.events import Event, Finished, MetricsUpdate, SamplingParams, TokenDelta
 from npuchat.engine.session import ChatSession
 
 WINDOW = 8  # the sliding-window model's; its ring holds WINDOW + CHUNK slots
@@ -180,4 +181,34 @@ def test_cancelled_prefill_releases_its_waiters(
     t2.join(timeout=60)
     assert not t2.is_alive()
     assert _prefilled(engine) < 2 * 400
+    assert [_ids(second)] == _alone(model_path, tmp_path / "alone", [prompt], [greedy])
+
+
+def test_a_prefill_whose_reader_stopped_is_not_waited_for(
+    engine: ConcurrentEngine, model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt runs only as its events are read: when the first request's reader stops
+    after the first progress report, the second request with the same prompt stops waiting
+    once no row has been written for `STALL_S`, and prefills the rest itself."""
+    monkeypatch.setattr(peer_prefix, "STALL_S", 0.3)
+    prompt = _tokens(150, 7)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    paused, go = threading.Event(), threading.Event()
+
+    def stalled_reader() -> None:
+        for ev in engine.complete(prompt, greedy, threading.Event()):
+            if isinstance(ev, MetricsUpdate) and not paused.is_set():
+                paused.set()
+                go.wait(60)
+
+    t = threading.Thread(target=stalled_reader, daemon=True)
+    t.start()
+    assert paused.wait(60)
+    t0 = time.monotonic()
+    second = list(engine.complete(prompt, greedy, threading.Event()))
+    waited = time.monotonic() - t0
+    go.set()
+    t.join(timeout=60)
+    assert 0.3 <= waited < 30
+    assert 0 < _finished(second).metrics.reused_tokens < 149  # what the first had written
     assert [_ids(second)] == _alone(model_path, tmp_path / "alone", [prompt], [greedy])
