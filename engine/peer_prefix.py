@@ -33,7 +33,7 @@ __all__ = ["MIN_SHARED", "STALL_S", "RowPeers"]
 
 MIN_SHARED = 16  # fewer shared tokens than this are prefilled again rather than waited for
 STALL_S = 5.0  # a prefill that writes no row for this long is not waited for any longer
-_POLL_S = 0.005
+_POLL_S = 0.01
 
 
 class RowPeers:
@@ -54,35 +54,47 @@ class RowPeers:
 
     def claim(self, ids: Seq[int], cancel: threading.Event) -> None:
         """Wait while another row prefills what `ids` could copy (module doc), then mark
-        `ids` as the prompt `seq` is prefilling. `release` ends the claim."""
-        limit = len(ids) - 1
-        first: int | None = None  # what the rows held when the wait began
+        `ids` as the prompt `seq` is prefilling. `release` ends the claim.
+
+        Which row to wait for, and for how many of its tokens, is decided once (comparing
+        token lists takes the GIL from the steps); the wait then only reads its length."""
+        with self._lock:
+            target = self._prefilling(ids, len(ids) - 1)
+            if target is None:
+                self.seq.prompt = list(ids)
+                return
+        peer, prompt, n = target
         last, grew_at = -1, time.monotonic()
-        while True:
-            with self._lock:
-                held, coming = self._shared(ids, limit)
-                first = held if first is None else first
-                if held > last:
-                    last, grew_at = held, time.monotonic()
-                stalled = time.monotonic() - grew_at > STALL_S
-                if cancel.is_set() or stalled or coming - first < MIN_SHARED or coming <= held:
-                    self.seq.prompt = list(ids)
-                    return
+        while not cancel.is_set() and peer.prompt is prompt and peer.row != PARKED:
+            have = len(peer.tokens)
+            if have >= n:
+                break
+            if have > last:
+                last, grew_at = have, time.monotonic()
+            elif time.monotonic() - grew_at > STALL_S:
+                break
             time.sleep(_POLL_S)
+        with self._lock:
+            self.seq.prompt = list(ids)
 
     def release(self) -> None:
         self.seq.prompt = []
 
-    def _shared(self, ids: Seq[int], limit: int) -> tuple[int, int]:
-        """(the longest prefix of `ids` a row holds, the longest one a row is prefilling)."""
+    def _prefilling(self, ids: Seq[int], limit: int) -> tuple[Sequence, list[int], int] | None:
+        """The row prefilling the longest prefix of `ids`, its prompt and that prefix's
+        length, if it is at least `MIN_SHARED` longer than any row holds now."""
         held = common_prefix_len(self.seq.tokens, ids)
-        coming = 0
+        found: tuple[Sequence, list[int], int] | None = None
         for peer in self._peers():
             held = max(held, common_prefix_len(list(peer.tokens), ids))
             prompt = peer.prompt
             if prompt and peer.row != PARKED:
-                coming = max(coming, common_prefix_len(prompt, ids))
-        return min(held, limit), min(coming, limit)
+                n = min(common_prefix_len(prompt, ids), limit)
+                if found is None or n > found[2]:
+                    found = (peer, prompt, n)
+        if found is None or found[2] - min(held, limit) < MIN_SHARED:
+            return None
+        return found
 
     def best(self, ids: Seq[int], limit: int, beat: int) -> PrefixHit | None:
         """A copy of the longest usable prefix of `ids` (at most `limit` rows, more than
