@@ -30,7 +30,9 @@ def model_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return write_synthetic_gguf(d / "m.gguf", arch, seed=11, sliding_window=window)
 
 
-def _engine(path: Path, cache: Path, share_rows: bool = True) -> ConcurrentEngine:
+def _engine(
+    path: Path, cache: Path, share_rows: bool = True, kv_dtype: str = "auto"
+) -> ConcurrentEngine:
     session = ChatSession.open(
         path,
         name="synthetic",
@@ -38,6 +40,7 @@ def _engine(path: Path, cache: Path, share_rows: bool = True) -> ConcurrentEngin
         capacities=[128, 512],
         prefill_chunk=CHUNK,
         batch_max=4,
+        kv_dtype=kv_dtype,
     )
     engine = ConcurrentEngine(session, share_rows=share_rows)
     engine.scheduler.record_steps = True
@@ -69,9 +72,15 @@ def _prefilled(engine: ConcurrentEngine) -> int:
     return total
 
 
-def _alone(path: Path, cache: Path, prompts: list[list[int]], params: list[SamplingParams]) -> list:
-    """Each prompt run by itself on an engine that shares nothing."""
-    engine = _engine(path, cache, share_rows=False)
+def _alone(
+    like: ConcurrentEngine,
+    path: Path,
+    cache: Path,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+) -> list:
+    """Each prompt run by itself on an engine that shares nothing (K/V stored as `like`'s)."""
+    engine = _engine(path, cache, share_rows=False, kv_dtype=like.model.kv_dtype)
     try:
         return [
             _ids(list(engine.complete(p, s, threading.Event())))
@@ -81,9 +90,12 @@ def _alone(path: Path, cache: Path, prompts: list[list[int]], params: list[Sampl
         engine.close()
 
 
-@pytest.fixture
-def engine(model_path: Path, tmp_path: Path) -> Iterator[ConcurrentEngine]:
-    e = _engine(model_path, tmp_path / "shared")
+@pytest.fixture(params=["auto", "int8"])
+def engine(
+    model_path: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[ConcurrentEngine]:
+    """The engine under test; int8 rows carry their scales when copied (`kv_layout`)."""
+    e = _engine(model_path, tmp_path / "shared", kv_dtype=request.param)
     yield e
     e.close()
 
@@ -112,7 +124,7 @@ def test_same_prompt_arriving_together_is_prefilled_once(
     reused = sorted(_finished(e).metrics.reused_tokens for e in events)
     assert reused == [0, 149, 149]
     assert _prefilled(engine) == 150 + 1 + 1
-    want = _alone(model_path, tmp_path / "alone", [prompt] * 3, params)
+    want = _alone(engine, model_path, tmp_path / "alone", [prompt] * 3, params)
     assert [_ids(e) for e in events] == want
     assert len({tuple(w) for w in want}) > 1  # the seeds made different replies
 
@@ -148,7 +160,7 @@ def test_prompt_copies_from_a_streaming_row(
     sliding = engine.model.config.swa_layers and any(engine.model.config.swa_layers)
     assert _finished(got[0]).metrics.reused_tokens == 60
     assert _finished(got[1]).metrics.reused_tokens == (0 if sliding else 20)
-    want = _alone(model_path, tmp_path / "alone", [first, near, far], [greedy] * 3)
+    want = _alone(engine, model_path, tmp_path / "alone", [first, near, far], [greedy] * 3)
     assert [_ids(streamed), _ids(got[0]), _ids(got[1])] == want
 
 
@@ -181,7 +193,7 @@ def test_cancelled_prefill_releases_its_waiters(
     t2.join(timeout=60)
     assert not t2.is_alive()
     assert _prefilled(engine) < 2 * 400
-    assert [_ids(second)] == _alone(model_path, tmp_path / "alone", [prompt], [greedy])
+    assert [_ids(second)] == _alone(engine, model_path, tmp_path / "alone", [prompt], [greedy])
 
 
 def test_a_prefill_whose_reader_stopped_is_not_waited_for(
@@ -211,4 +223,4 @@ def test_a_prefill_whose_reader_stopped_is_not_waited_for(
     t.join(timeout=60)
     assert 0.3 <= waited < 30
     assert 0 < _finished(second).metrics.reused_tokens < 149  # what the first had written
-    assert [_ids(second)] == _alone(model_path, tmp_path / "alone", [prompt], [greedy])
+    assert [_ids(second)] == _alone(engine, model_path, tmp_path / "alone", [prompt], [greedy])
