@@ -184,7 +184,7 @@ class ConcurrentEngine:
                 speculate=lambda: self.scheduler.alone(seq),
                 store_lock=self._store,
                 t_request=t_request,
-                peers=RowPeers(seq, self._sequences, self._store) if self.share_rows else None,
+                peers=self._peers(seq, priority) if self.share_rows else None,
             )
         finally:
             self.scheduler.unregister(seq)
@@ -300,6 +300,15 @@ class ConcurrentEngine:
                 seq.resume(row)
                 self.slots.owner[row] = seq
             self.scheduler.wake()
+
+    def _peers(self, seq: Sequence, priority: int) -> RowPeers:
+        """The other rows as `seq`'s prompt sees them: it waits only for prefills at least
+        as urgent as its own (`peer_prefix`)."""
+
+        def waits_for(peer: Sequence) -> bool:
+            return self._priority.get(id(peer), BACKGROUND) <= priority
+
+        return RowPeers(seq, self._sequences, self._store, waits_for)
 
     def _sequences(self) -> list[Sequence]:
         """Every sequence with K/V: rows' owners, and parked ones (`peer_prefix`). Read

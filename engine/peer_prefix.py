@@ -40,17 +40,21 @@ class RowPeers:
     """The other sequences of `seq`'s cache, as a request starting on `seq` sees them.
 
     `others` lists them (rows' owners and parked sequences); `lock` is the one the prefix
-    store is used under, so claims and copies are seen whole."""
+    store is used under, so claims and copies are seen whole; `waits_for` says whose prefill
+    this request may wait for (an interactive one not for a background one's: the scheduler
+    runs that prefill at background pace)."""
 
     def __init__(
         self,
         seq: Sequence,
         others: Callable[[], list[Sequence]],
         lock: AbstractContextManager[object],
+        waits_for: Callable[[Sequence], bool] = lambda _peer: True,
     ) -> None:
         self.seq = seq
         self._others = others
         self._lock = lock
+        self._waits_for = waits_for
 
     def claim(self, ids: Seq[int], cancel: threading.Event) -> None:
         """Wait while another row prefills what `ids` could copy (module doc), then mark
@@ -88,7 +92,7 @@ class RowPeers:
         for peer in self._peers():
             held = max(held, common_prefix_len(list(peer.tokens), ids))
             prompt = peer.prompt
-            if prompt and peer.row != PARKED:
+            if prompt and peer.row != PARKED and self._waits_for(peer):
                 n = min(common_prefix_len(prompt, ids), limit)
                 if found is None or n > found[2]:
                     found = (peer, prompt, n)

@@ -15,7 +15,15 @@ from synthetic import write_synthetic_gguf
 
 from npuchat.engine import peer_prefix
 from npuchat.engine.concurrent_engine import ConcurrentEngine
-from npuchat.engine.events import Event, Finished, MetricsUpdate, SamplingParams, TokenDelta
+from npuchat.engine.events import (
+    ChatMessage,
+    ChatRequest,
+    Event,
+    Finished,
+    MetricsUpdate,
+    SamplingParams,
+    TokenDelta,
+)
 from npuchat.engine.session import ChatSession
 
 WINDOW = 8  # the sliding-window model's; its ring holds WINDOW + CHUNK slots
@@ -224,3 +232,32 @@ def test_a_prefill_whose_reader_stopped_is_not_waited_for(
     assert 0.3 <= waited < 30
     assert 0 < _finished(second).metrics.reused_tokens < 149  # what the first had written
     assert [_ids(second)] == _alone(engine, model_path, tmp_path / "alone", [prompt], [greedy])
+
+
+def test_an_interactive_request_does_not_wait_for_a_background_prefill(
+    engine: ConcurrentEngine, model_path: Path, tmp_path: Path
+) -> None:
+    """A background request is prefilling a prompt when an interactive one with the same
+    prompt arrives: the interactive one copies what is written and prefills the rest itself,
+    ahead of the background prefill (which runs at background pace), instead of waiting."""
+    words = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog")
+    text = " ".join(words[i * 7 % 9] + str(i % 13) for i in range(400))
+    while len(engine.tokenizer.encode(text)) > 440:
+        text = text[: len(text) * 9 // 10]
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    user = (ChatMessage("user", text),)
+    first: list[Event] = []
+    bg_request = ChatRequest("bg", "", user, greedy, "background")
+    bg = threading.Thread(
+        target=lambda: first.extend(engine.generate(bg_request, threading.Event())), daemon=True
+    )
+    bg.start()
+    deadline = time.monotonic() + 30
+    while not any(s.prompt for s in engine.slots.owner if s is not None):
+        assert time.monotonic() < deadline, "the background request never claimed its prompt"
+        time.sleep(0.001)
+    second = list(engine.generate(ChatRequest("fg", "", user, greedy), threading.Event()))
+    bg.join(timeout=60)
+    prompt_len = _finished(first).metrics.prefill_tokens + _finished(first).metrics.reused_tokens
+    assert _finished(second).metrics.reused_tokens < prompt_len - 1
+    assert _ids(second) == _ids(first)
