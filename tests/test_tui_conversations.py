@@ -129,8 +129,16 @@ def test_settings_modal_values_reach_the_engine_request(store: ConversationStore
         await wait_until(pilot, lambda: not save.has_class("-active"), "the button to reset")
         await pilot.click("#save")
         await wait_until(pilot, lambda: pilot.app.screen is screen, "modal closed")
+        composer = screen.query_one(Composer)
+        assert composer.border_subtitle == "replies in JSON"  # said before the first message
         await send(pilot, "Hi")
         await wait_until(pilot, reply_settled(screen, 1), "reply")
+        assert composer.border_subtitle == "replies in JSON"  # and kept by the stored chat
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: screen.conversation is None, "a new chat")
+        assert composer.border_subtitle == ""
+        await screen.open_conversation(store.list_conversations()[0].id)
+        assert composer.border_subtitle == "replies in JSON"
 
     run(make_app(engine, store), scenario)
     (request,) = engine.requests

@@ -100,6 +100,7 @@ class ChatScreen(ConversationScreen):
     def watch_conversation(self, conversation: Conversation | None) -> None:
         title = conversation.title if conversation else ""
         self.query_one(MessageList).border_title = for_terminal(title) or "New chat"
+        self.show_reply_format()
         self.refresh_bindings()  # Stop, Regenerate and Continue depend on the conversation
 
     def _show_engine(self) -> None:

@@ -24,7 +24,24 @@ from npuchat.engine.errors import NpuchatError
 class ConversationScreen(ReplyScreen):
     def __init__(self) -> None:
         super().__init__()
-        self.new_chat_settings: ConversationSettings | None = None
+        self._new_chat_settings: ConversationSettings | None = None
+
+    @property
+    def new_chat_settings(self) -> ConversationSettings | None:
+        """Settings chosen before the new chat's first message (it has no row to hold them)."""
+        return self._new_chat_settings
+
+    @new_chat_settings.setter
+    def new_chat_settings(self, settings: ConversationSettings | None) -> None:
+        self._new_chat_settings = settings
+        self.show_reply_format()
+
+    def show_reply_format(self) -> None:
+        """Say on the composer when this chat's replies are held to JSON (its settings): a
+        reply that will not be prose should not come as a surprise."""
+        if self.is_mounted:
+            json_mode = self.current_settings.reply_format == "json"
+            self.query_one(Composer).border_subtitle = "replies in JSON" if json_mode else ""
 
     def follow_edits(self) -> None:
         """Show the composer's `editing` state on the message views (call once mounted)."""
