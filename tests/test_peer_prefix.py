@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +98,33 @@ def _alone(
         engine.close()
 
 
+class _PausedReader(threading.Thread):
+    """A request read in its own thread that stops reading at the first event `pause_at`
+    accepts, until `go` is set (its prompt or reply then waits: it runs as it is read)."""
+
+    def __init__(self, engine: ConcurrentEngine, ids: list[int], params: SamplingParams,
+                 pause_at: Callable[[Event], bool]) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.engine, self.ids, self.params, self.pause_at = engine, ids, params, pause_at
+        self.paused, self.go = threading.Event(), threading.Event()
+        self.events: list[Event] = []
+
+    def run(self) -> None:
+        for ev in self.engine.complete(self.ids, self.params, threading.Event()):
+            self.events.append(ev)
+            if self.pause_at(ev) and not self.paused.is_set():
+                self.paused.set()
+                self.go.wait(60)
+
+
+def _claimed(engine: ConcurrentEngine) -> None:
+    """Wait until some row is prefilling a prompt it claimed (`RowPeers.claim`)."""
+    deadline = time.monotonic() + 30
+    while not any(s.prompt for s in engine.slots.owner if s is not None):
+        assert time.monotonic() < deadline, "no request claimed its prompt"
+        time.sleep(0.001)
+
+
 @pytest.fixture(params=["auto", "int8"])
 def engine(
     model_path: Path, tmp_path: Path, request: pytest.FixtureRequest
@@ -149,22 +176,13 @@ def test_prompt_copies_from_a_streaming_row(
     near = [*base, *_tokens(12, 4)]
     far = [*base[:20], *_tokens(30, 5)]
     greedy = SamplingParams(temperature=0.0, max_tokens=10)
-    paused, go = threading.Event(), threading.Event()
-    streamed: list[Event] = []
-
-    def stream() -> None:
-        for ev in engine.complete(first, greedy, threading.Event()):
-            streamed.append(ev)
-            if isinstance(ev, TokenDelta) and not paused.is_set():
-                paused.set()
-                go.wait(60)
-
-    t = threading.Thread(target=stream, daemon=True)
-    t.start()
-    assert paused.wait(60)
+    reader = _PausedReader(engine, first, greedy, lambda ev: isinstance(ev, TokenDelta))
+    reader.start()
+    assert reader.paused.wait(60)
     got = [list(engine.complete(p, greedy, threading.Event())) for p in (near, far)]
-    go.set()
-    t.join(timeout=60)
+    reader.go.set()
+    reader.join(timeout=60)
+    streamed = reader.events
     sliding = engine.model.config.swa_layers and any(engine.model.config.swa_layers)
     assert _finished(got[0]).metrics.reused_tokens == 60
     assert _finished(got[1]).metrics.reused_tokens == (0 if sliding else 20)
@@ -185,10 +203,7 @@ def test_cancelled_prefill_releases_its_waiters(
         target=lambda: first.extend(engine.complete(prompt, greedy, cancel)), daemon=True
     )
     t.start()
-    deadline = time.monotonic() + 30
-    while not any(s.prompt for s in engine.slots.owner if s is not None):
-        assert time.monotonic() < deadline, "the first request never claimed its prompt"
-        time.sleep(0.001)
+    _claimed(engine)
     second: list[Event] = []
     t2 = threading.Thread(
         target=lambda: second.extend(engine.complete(prompt, greedy, threading.Event())),
@@ -213,22 +228,14 @@ def test_a_prefill_whose_reader_stopped_is_not_waited_for(
     monkeypatch.setattr(peer_prefix, "STALL_S", 0.3)
     prompt = _tokens(150, 7)
     greedy = SamplingParams(temperature=0.0, max_tokens=4)
-    paused, go = threading.Event(), threading.Event()
-
-    def stalled_reader() -> None:
-        for ev in engine.complete(prompt, greedy, threading.Event()):
-            if isinstance(ev, MetricsUpdate) and not paused.is_set():
-                paused.set()
-                go.wait(60)
-
-    t = threading.Thread(target=stalled_reader, daemon=True)
-    t.start()
-    assert paused.wait(60)
+    reader = _PausedReader(engine, prompt, greedy, lambda ev: isinstance(ev, MetricsUpdate))
+    reader.start()
+    assert reader.paused.wait(60)
     t0 = time.monotonic()
     second = list(engine.complete(prompt, greedy, threading.Event()))
     waited = time.monotonic() - t0
-    go.set()
-    t.join(timeout=60)
+    reader.go.set()
+    reader.join(timeout=60)
     assert 0.3 <= waited < 30
     assert 0 < _finished(second).metrics.reused_tokens < 149  # what the first had written
     assert [_ids(second)] == _alone(engine, model_path, tmp_path / "alone", [prompt], [greedy])
@@ -252,10 +259,7 @@ def test_an_interactive_request_does_not_wait_for_a_background_prefill(
         target=lambda: first.extend(engine.generate(bg_request, threading.Event())), daemon=True
     )
     bg.start()
-    deadline = time.monotonic() + 30
-    while not any(s.prompt for s in engine.slots.owner if s is not None):
-        assert time.monotonic() < deadline, "the background request never claimed its prompt"
-        time.sleep(0.001)
+    _claimed(engine)
     second = list(engine.generate(ChatRequest("fg", "", user, greedy), threading.Event()))
     bg.join(timeout=60)
     prompt_len = _finished(first).metrics.prefill_tokens + _finished(first).metrics.reused_tokens
