@@ -67,8 +67,8 @@ class ConcurrentEngine:
         share_rows: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """`share_rows`: a prompt may copy the K/V another row holds (`peer_prefix`; off only
-        to measure what that saves)."""
+        """`share_rows`: a prompt may copy the K/V another row holds (`peer_prefix`; off to
+        measure what that saves, or where a test needs a prompt that is prefilled)."""
         self.session = session
         self.share_rows = share_rows
         self.model = session.model

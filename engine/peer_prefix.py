@@ -4,7 +4,7 @@ those rows instead of prefilling them again.
 vLLM shares prompt blocks between sequences (block-hash prefix caching); llama.cpp's server
 gives a request the slot whose cache is most like its prompt. Rows here are fixed buffers, so
 sharing is a copy, done once as a request starts (~5 ms for 2,000 tokens of the 0.5B model's
-f16 K/V against ~3 s to prefill them on 2 cores). The prefix store only holds what a row left
+f16 K/V, warm, against ~6 s to prefill them on 2 cores). The prefix store only holds what a row left
 behind (a conversation paged out, a system prompt); this covers what is still in a row: the
 `n` choices of one request, an agent sending the same long few-shot prompt with different
 questions, a client retrying a request whose first reply still streams.

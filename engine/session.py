@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from pathlib import Path
 
 from .chat_template import ChatTemplate
@@ -351,7 +352,7 @@ class ChatSession:
             peers.claim(ids, cancel)
         try:
             with store:
-                peer = (lambda limit, beat: peers.best(ids, limit, beat)) if peers else None
+                peer = partial(peers.best, ids) if peers is not None else None
                 reused, _source = self.prefixes.restore(seq, ids, peer)
                 warnings = list(self.prefixes.warnings)
                 self.prefixes.warnings.clear()

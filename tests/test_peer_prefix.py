@@ -86,7 +86,7 @@ def _alone(
     cache: Path,
     prompts: list[list[int]],
     params: list[SamplingParams],
-) -> list:
+) -> list[list[int]]:
     """Each prompt run by itself on an engine that shares nothing (K/V stored as `like`'s)."""
     engine = _engine(path, cache, share_rows=False, kv_dtype=like.model.kv_dtype)
     try:

@@ -14,7 +14,9 @@ import pytest
 from scripted_engine import ScriptedEngine, ScriptedReply
 from serve_helpers import serving
 
+from npuchat.app.serve.responses import Reply, usage_of
 from npuchat.engine.concurrent_engine import ConcurrentEngine
+from npuchat.engine.events import Metrics
 from npuchat.engine.session import ChatSession
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -165,3 +167,16 @@ def test_a_completion_longer_than_the_context_is_a_400(path: Path, tmp_path: Pat
         ok = client.completions.create(model="syn", prompt="the fox", max_tokens=3)
     engine.close()
     assert ok.choices[0].finish_reason == "length"
+
+
+def test_usage_counts_the_prompt_as_the_choice_that_prefilled_it() -> None:
+    """Whichever choice index copied the others' rows, the usage's cached tokens are the
+    request's (none here), the prompt is counted once and every choice's tokens are added; a
+    choice that ended before its prompt (no figures) does not stand for the prompt."""
+    copier = Reply(tokens=5, metrics=Metrics(prefill_tokens=1, reused_tokens=199))
+    prefiller = Reply(tokens=3, metrics=Metrics(prefill_tokens=200))
+    cut = Reply(tokens=0)
+    usage = usage_of([copier, prefiller, cut])
+    assert usage["prompt_tokens"] == 200
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert (usage["completion_tokens"], usage["total_tokens"]) == (8, 208)
