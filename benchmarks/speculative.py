@@ -1,7 +1,8 @@
 """Speculative decoding on real models: target-only vs draft model vs prompt lookup vs both.
 
     python benchmarks/speculative.py [--model qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
-        [--threads 2] [--tokens 128] [--modes target,draft,lookup,both] [--prompts code,edit,chat]
+        [--threads 2] [--tokens 128] [--modes target,draft,lookup,both,forced]
+        [--prompts code,edit,chat,extract]
 
 MODEL and DRAFT are GGUF paths or installed model names. One process loads the target and the
 draft once; for every prompt the modes run back to back (same machine state), each mode keeping
@@ -12,12 +13,16 @@ do, and where they first differ. Decode tok/s counts the tokens after the first 
 time after it (the draft's catch-up prefill is inside that time); `e2e` is all tokens over the
 whole request.
 
+`extract` asks for an order as JSON held to a schema (structured outputs): there the grammar's
+forced tokens (keys, punctuation) are drafted before any drafter's; `forced` is that alone.
+
 A script that prints figures, not a test: nothing here asserts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -42,8 +47,54 @@ def _resolve(name: str) -> Path:
     sys.exit(f"no GGUF at {name} and no installed model of that name")
 
 
+EXTRACT = (
+    "Extract the order as JSON.\n\nOrder #A-1042 was placed by Maria Gonzalez "
+    "(maria.gonzalez@example.com) on 2026-11-28: 2 x 'USB-C cable, 2 m' at 9.99 EUR, "
+    "1 x 'Laptop stand, aluminium' at 34.50 EUR and 3 x 'Notebook A5, dotted' at 4.20 EUR. "
+    "Ship to Calle Mayor 14, 28013 Madrid, Spain, by express delivery."
+)
+_TEXT = {"type": "string"}
+ORDER_SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "order_id": _TEXT,
+            "customer": {
+                "type": "object",
+                "properties": {"name": _TEXT, "email": _TEXT},
+                "required": ["name", "email"],
+            },
+            "date": _TEXT,
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": _TEXT,
+                        "quantity": {"type": "integer"},
+                        "unit_price": {"type": "number"},
+                    },
+                    "required": ["name", "quantity", "unit_price"],
+                },
+            },
+            "currency": _TEXT,
+            "address": {
+                "type": "object",
+                "properties": {"street": _TEXT, "postcode": _TEXT, "city": _TEXT, "country": _TEXT},
+                "required": ["street", "postcode", "city", "country"],
+            },
+            "express": {"type": "boolean"},
+        },
+        "required": ["order_id", "customer", "date", "items", "currency", "address", "express"],
+    }
+)
+
+
 def _run(session: ChatSession, prompt: str, tokens: int) -> tuple[list[int], dict[str, float]]:
-    r = ask(session, CHAT_SYSTEM, prompt, tokens)
+    if prompt == "extract":
+        r = ask(session, CHAT_SYSTEM, EXTRACT, tokens, json_schema=ORDER_SCHEMA)
+    else:
+        r = ask(session, CHAT_SYSTEM, PROMPTS[prompt], tokens)
     return r.ids, {
         "tps": r.decode_tps,
         "e2e": (r.decode_tokens + 1) / r.wall_s,
@@ -92,7 +143,8 @@ def main() -> None:
         if mode in ("draft", "both"):
             assert model_drafter is not None
             drafters.append(model_drafter)
-        decoders[mode] = session.make_decoder(drafters) if drafters else None
+        forced = mode == "forced"  # no drafter: only a grammar's forced tokens are drafted
+        decoders[mode] = session.make_decoder(drafters) if drafters or forced else None
 
     print(f"{args.model} (draft {args.draft}), {args.threads} threads, {args.tokens} tokens")
     header = (
@@ -107,9 +159,8 @@ def main() -> None:
             runs = []
             with session.decoding_with(decoders[mode]):
                 for _ in range(args.repeat):
-                    session._tokens = []  # every run prefills the prompt itself (same start)
-                    session.model.rollback(0)
-                    runs.append(_run(session, PROMPTS[pname], args.tokens))
+                    session.seq.rollback(0)  # every run prefills the prompt itself (same start)
+                    runs.append(_run(session, pname, args.tokens))
             ids, r = max(runs, key=lambda run: run[1]["tps"])
             if reference is None:
                 reference, base_tps = ids, r["tps"]

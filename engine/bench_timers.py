@@ -203,14 +203,23 @@ class Reply:
 
 
 def ask(
-    session: ChatSession, system: str, user: str, max_tokens: int, *, ignore_eos: bool = False
+    session: ChatSession,
+    system: str,
+    user: str,
+    max_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    json_schema: str | None = None,
 ) -> Reply:
     """One greedy chat request; its engine metrics plus wall time and the reply's token ids.
 
     `ignore_eos` makes every reply `max_tokens` long (as llama-bench's tg tests do), so
-    throughput compares like with like whatever the model would have answered.
+    throughput compares like with like whatever the model would have answered; `json_schema`
+    holds the reply to that schema.
     """
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    sampling = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos, json_schema=json_schema
+    )
     request = ChatRequest("bench", system, (ChatMessage("user", user),), sampling)
     ids: list[int] = []
     final: Finished | None = None

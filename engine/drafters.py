@@ -42,6 +42,7 @@ class Draft:
     q: list[np.ndarray] | None = None
     sync_s: float = 0.0  # time spent catching the drafter up with the sequence
     step_s: float = 0.0  # time spent producing the tokens
+    forced: int = 0  # leading tokens a grammar forced (not the drafter's proposal)
 
 
 @dataclass

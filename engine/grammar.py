@@ -109,16 +109,35 @@ class Constraint:
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self._vocab].astype(bool)
 
-    def choose(self, logits: np.ndarray, sampler: Sampler) -> int | None:
-        """The next token, drawn as `sampler` would among those that fit and recorded in its
-        history; None where none fits (the matcher failed: the reply ends)."""
-        fits = np.zeros(len(logits), dtype=bool)  # the model's rows past the tokenizer's: never
+    def restrict(self, logits: np.ndarray) -> np.ndarray | None:
+        """`logits` (float32) with every token that may not come next at -inf (the model's rows
+        past the tokenizer's: never); None where none fits (the matcher failed: the reply ends)."""
+        fits = np.zeros(len(logits), dtype=bool)
         known = self.allowed()[: len(logits)]
         fits[: len(known)] = known
         if self._matcher.is_error() or not fits.any():
             return None
-        masked = np.where(fits, np.asarray(logits, dtype=np.float32), -np.inf)
-        token = sampler.sample(masked)
-        if not fits[token] or not self._matcher.consume_token(token):
+        return np.where(fits, np.asarray(logits, dtype=np.float32), -np.inf)
+
+    def consume(self, token: int) -> bool:
+        """Advance past `token`; False where it does not fit (the matcher fails)."""
+        return bool(self._matcher.consume_token(token))
+
+    def fits(self, tokens: list[int]) -> int:
+        """How many of `tokens` may come next in turn (the state is not advanced)."""
+        return int(self._matcher.validate_tokens(tokens))
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar alone decides next (a key, `": "`), in llguidance's
+        tokenization of them; the model may still choose another tokenization of the same text,
+        so these are drafts to verify, not tokens to append."""
+        return [int(t) for t in self._matcher.compute_ff_tokens()]
+
+    def choose(self, logits: np.ndarray, sampler: Sampler) -> int | None:
+        """The next token, drawn as `sampler` would among those that fit and recorded in its
+        history; None where none fits (the matcher failed: the reply ends)."""
+        masked = self.restrict(logits)
+        if masked is None:
             return None
-        return token
+        token = sampler.sample(masked)
+        return token if self.consume(token) else None

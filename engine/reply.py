@@ -5,8 +5,8 @@ prefilled into `seq` (what was reused and what was run is in the arguments), and
 the logits after it into `Event`s until a stop, the length limit or a cancel. With a speculative
 decoder it advances by draft-and-verify rounds while `speculate()` allows (the concurrent engine
 allows it only while the sequence runs alone), otherwise by single decode steps. A request for
-log probabilities decodes by single steps: each token's comes from its own step's logits; so does
-one held to a JSON schema (`grammar`: a draft would be checked against the unconstrained choice).
+log probabilities decodes by single steps: each token's comes from its own step's logits. One held
+to a JSON schema (`shape`) drafts too: the decoder checks drafts against the grammar.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def stream_reply(
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
     want = params.logprobs
-    spec = speculative if want is None and shape is None else None
+    spec = speculative if want is None else None
 
     def sample(logits: np.ndarray) -> tuple[int, tuple[TokenLogprob, ...]]:
         """The next token and, when asked for, its log probability; -1: under a schema no
@@ -155,8 +155,10 @@ def stream_reply(
                 yield TokenDelta(text, (token,), probs)
                 if hit:
                     stop = "stop_string"
-                elif shape is not None and shape.done:
-                    stop = "eos"  # the value is complete: a reply under a schema ends there
+                elif shape is not None and j == len(queue) - 1 and shape.done:
+                    # the value is complete: a reply under a schema ends there (a round of
+                    # drafts ends with the token that completes it)
+                    stop = "eos"
                 elif generated >= params.max_tokens:
                     stop = "max_tokens"
             if stop is not None:
@@ -182,7 +184,7 @@ def stream_reply(
             queue = [first]
         else:
             budget = params.max_tokens - generated
-            _, queue = spec.advance(seq, token, sampler, budget)
+            _, queue = spec.advance(seq, token, sampler, budget, shape)
             probs = ()  # (none asked for: `want` turns drafting off)
     # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
     # bytes of a half-sampled character are dropped, never stored as U+FFFD

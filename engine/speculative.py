@@ -5,12 +5,13 @@ a drafter proposes d1..dk, the target runs `verify([pending, d1..dk])` (logits f
 the accepted prefix of the draft plus one target token come out, and the cache is rolled back to
 what was accepted (a static cache: move `n`).
 
-Acceptance (Leviathan et al. 2023, Chen et al. 2023): with p the target's distribution and q the
-draft's, both after the same warps (`sampler.distribution`), draft token x is accepted with
-probability min(1, p(x)/q(x)); at the first rejection the token is drawn from
-normalize(max(0, p − q)); when all k are accepted a bonus token is drawn from p. The output then
-has exactly the target's distribution. At temperature 0 p and q are one-hot, so this is "accept
-while the target's argmax equals the draft".
+Which drafts are kept is the acceptance rule (`acceptance`: Leviathan et al. 2023, Chen et al.
+2023), under which the output has exactly the target's distribution.
+
+Under a JSON schema the grammar takes part: the tokens it forces next (a key and its `": "`) are
+the round's draft before any drafter's, a deterministic draft is cut where the grammar stops
+allowing it, and each verify row is restricted as plain constrained decoding restricts its
+logits, so a constrained reply is the same with or without drafting.
 
 Exactness rests on the target's `verify` rows being bit-identical to what `decode` would have
 returned at each position (the model module says how: row-padded decode steps and K/V
@@ -35,33 +36,19 @@ from functools import partial
 
 import numpy as np
 
+from .acceptance import accept_greedy, accept_sampled
 from .drafters import Draft, Drafter, RecentTimes, ema
+from .grammar import Constraint
 from .model import Model
-from .sampler import Sampler, apply_penalties, distribution, draw, is_greedy
+from .sampler import Sampler, is_greedy
 from .sequence import Sequence
 
-__all__ = ["CostModel", "SpecStats", "SpeculativeDecoder", "residual"]
+__all__ = ["CostModel", "SpecStats", "SpeculativeDecoder"]
 
 EXPLORE_EVERY = 16  # plain rounds before the first retry of a drafter that did not pay
 EXPLORE_BACKOFF_MAX = 16  # each fruitless retry doubles the wait, up to 16 × EXPLORE_EVERY
 GAIN_MARGIN = 0.03  # speculate only when expected ≥ 3% faster than plain decoding
 HORIZON = 128  # tokens a catch-up prefill must pay for itself within
-
-
-def residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
-    """Distribution to draw from after draft token x was rejected: normalize(max(0, p − q)).
-
-    q None means a deterministic draft (one-hot at x): the residual is p without x.
-    """
-    if q is None:
-        r = p.copy()
-        r[x] = 0.0
-    else:
-        r = np.maximum(p - q, 0.0)
-    total = r.sum()
-    if total <= 0.0:  # p == q: rejection had probability 0; p is the answer either way
-        return p
-    return r / total
 
 
 @dataclass
@@ -256,23 +243,34 @@ class SpeculativeDecoder:
             d.close()
 
     def advance(
-        self, target: Sequence, pending: int, sampler: Sampler, budget: int
+        self,
+        target: Sequence,
+        pending: int,
+        sampler: Sampler,
+        budget: int,
+        shape: Constraint | None = None,
     ) -> tuple[list[int], list[int]]:
-        """One round after `pending` (chosen, not yet in `target`, the target's sequence).
+        """One round after `pending` (chosen, not yet in `target`, the target's sequence), held
+        to `shape` when the reply is held to a JSON schema (`acceptance` says how).
 
         Returns (committed, new): `committed` is now in `target` after what it held
         ([pending] + accepted drafts); `new` are the next reply tokens (accepted drafts + one
-        target token), at most `budget`, already recorded in the sampler's history.
+        target token; -1: under a schema nothing fits, the reply ends), at most `budget`,
+        already recorded in the sampler's history.
         """
         limit = min(budget - 1, target.max_capacity - target.n_past - 1)
         base = target.n_past
         seq = [*target.tokens, pending]
-        draft = self._draft(seq, sampler, limit) if self.drafters and limit >= 1 else None
+        draft = self._draft(seq, sampler, limit, shape) if limit >= 1 else None
         if draft is None:
             self.stats.k = 0
             t0 = self._clock()
             logits = target.decode(pending)
-            token = sampler.sample(logits)
+            if shape is None:
+                token = sampler.sample(logits)
+            else:
+                chosen = shape.choose(logits, sampler)
+                token = -1 if chosen is None else chosen
             dt = self._clock() - t0
             self.costs.record_decode(dt)
             self.stats.target_s += dt
@@ -281,17 +279,20 @@ class SpeculativeDecoder:
         t0 = self._clock()
         rows = target.verify([pending, *d.tokens])
         if is_greedy(sampler.params):
-            n_acc, token, outcomes = self._accept_greedy(rows, d.tokens, sampler)
+            n_acc, token, outcomes = accept_greedy(rows, d.tokens, sampler, shape)
         else:
-            n_acc, token, outcomes = self._accept_sampled(rows, d, sampler)
+            n_acc, token, outcomes = accept_sampled(rows, d, sampler, shape)
         accepted = d.tokens[:n_acc]
         target.rollback(base + 1 + n_acc)
         dt = self._clock() - t0
         self.costs.record_verify(len(d.tokens) + 1, dt)
-        self.costs.record_draft(drafter.name, d.sync_s, outcomes, drafter.prior_alpha)
+        if drafter is not None:  # (what the grammar forced is not the drafter's to count)
+            mine = outcomes[d.forced :]
+            self.costs.record_draft(drafter.name, d.sync_s, mine, drafter.prior_alpha)
         for t in accepted:
             sampler.accept(t)
-        sampler.accept(token)
+        if token >= 0:
+            sampler.accept(token)
         st = self.stats
         st.drafted += len(d.tokens)
         st.accepted += n_acc
@@ -301,10 +302,33 @@ class SpeculativeDecoder:
         st.target_s += dt
         return [pending, *accepted], [*accepted, token]
 
-    def _draft(self, seq: list[int], sampler: Sampler, limit: int) -> tuple[Drafter, Draft] | None:
+    def _draft(
+        self, seq: list[int], sampler: Sampler, limit: int, shape: Constraint | None
+    ) -> tuple[Drafter | None, Draft] | None:
+        """A draft to verify and its drafter (None: the grammar's alone). Under a schema the
+        tokens the grammar forces next (a key's name) come first and a drafter continues after
+        them, its proposal cut where the grammar stops allowing it."""
+        forced = shape.forced()[: min(limit, self.max_k)] if shape is not None else []
+        room = min(limit, self.max_k) - len(forced)
+        fit = partial(_fitting, shape=shape, before=forced)
+        found = self._proposal([*seq, *forced], sampler, room, fit) if room >= 1 else None
+        if found is None:
+            return (None, Draft(forced, forced=len(forced))) if forced else None
+        drafter, d = found
+        if forced:
+            d.tokens = [*forced, *d.tokens]
+            d.forced = len(forced)
+            if d.q is not None:  # a forced token is a deterministic draft: q one-hot
+                d.q = [np.eye(1, len(d.q[0]), t)[0] for t in forced] + d.q
+        return drafter, d
+
+    def _proposal(
+        self, seq: list[int], sampler: Sampler, limit: int, fit: Callable[[Draft], Draft]
+    ) -> tuple[Drafter, Draft] | None:
+        """The first drafter's proposal after `seq` that the cost model takes, through `fit`."""
         for drafter in self.drafters:
             if drafter.free and self.fixed_k is None:
-                d = self._free_draft(drafter, seq, sampler, limit)
+                d = self._free_draft(drafter, seq, sampler, limit, fit)
                 if d is not None:
                     return drafter, d
                 continue
@@ -318,7 +342,7 @@ class SpeculativeDecoder:
                     k = 1
             if k == 0:
                 continue
-            d = drafter.propose(seq, k, sampler.params, sampler.history, sampler.rng)
+            d = fit(drafter.propose(seq, k, sampler.params, sampler.history, sampler.rng))
             short = len(d.tokens) < k and self.fixed_k is None and k > 1
             if d.tokens and not (short and not self.costs.pays(drafter, len(d.tokens))):
                 self.costs.idle[drafter.name] = 0
@@ -327,13 +351,17 @@ class SpeculativeDecoder:
         return None
 
     def _free_draft(
-        self, drafter: Drafter, seq: list[int], sampler: Sampler, limit: int
+        self,
+        drafter: Drafter,
+        seq: list[int],
+        sampler: Sampler,
+        limit: int,
+        fit: Callable[[Draft], Draft],
     ) -> Draft | None:
         """A free drafter proposes first and k is chosen for the proposal's own length (a retry
         is spent only where there is a draft to try), then the draft is cut to k."""
-        d = drafter.propose(
-            seq, min(limit, self.max_k), sampler.params, sampler.history, sampler.rng
-        )
+        k = min(limit, self.max_k)
+        d = fit(drafter.propose(seq, k, sampler.params, sampler.history, sampler.rng))
         k = self.costs.choose_k(drafter, seq, len(d.tokens)) if d.tokens else 0
         if k > 0:
             self.costs.backoff[drafter.name] = 1
@@ -346,40 +374,12 @@ class SpeculativeDecoder:
         d.tokens = d.tokens[:k]
         return d
 
-    def _accept_greedy(
-        self, rows: np.ndarray, drafts: list[int], sampler: Sampler
-    ) -> tuple[int, int, list[bool]]:
-        """(accepted count, next token, per-draft outcomes): the target's argmax, row by row."""
-        hist = list(sampler.history)
-        outcomes: list[bool] = []
-        for i in range(len(drafts) + 1):
-            row = apply_penalties(rows[i], hist, sampler.params)
-            top = int(np.argmax(row))
-            if i < len(drafts) and top == drafts[i]:
-                outcomes.append(True)
-                hist.append(top)
-                continue
-            if i < len(drafts):
-                outcomes.append(False)
-            return i, top, outcomes
-        raise AssertionError("unreachable")
 
-    def _accept_sampled(
-        self, rows: np.ndarray, d: Draft, sampler: Sampler
-    ) -> tuple[int, int, list[bool]]:
-        """Leviathan/Chen acceptance (module doc); (accepted count, next token, outcomes)."""
-        params, rng = sampler.params, sampler.rng
-        hist = list(sampler.history)
-        outcomes: list[bool] = []
-        for i, x in enumerate(d.tokens):
-            p = distribution(rows[i], params, hist)
-            q = d.q[i] if d.q is not None else None
-            qx = q[x] if q is not None else 1.0
-            if rng.random() * qx < p[x]:  # probability min(1, p(x)/q(x))
-                outcomes.append(True)
-                hist.append(x)
-                continue
-            outcomes.append(False)
-            return i, draw(residual(p, q, x), rng), outcomes
-        p = distribution(rows[len(d.tokens)], params, hist)
-        return len(d.tokens), draw(p, rng), outcomes
+def _fitting(d: Draft, shape: Constraint | None, before: list[int]) -> Draft:
+    """A deterministic draft (to follow `before`) cut where the grammar stops allowing it: its
+    later tokens could only be rejected. A sampled one (with q) is left whole: cutting it would
+    change which tokens come out (a rejected draw's residual is not the target's distribution),
+    and the acceptance rule rejects a token the grammar forbids anyway (p = 0)."""
+    if shape is not None and d.q is None:
+        d.tokens = d.tokens[: max(0, shape.fits([*before, *d.tokens]) - len(before))]
+    return d

@@ -1,7 +1,8 @@
 """Speculative sampling draws from the target's own distribution above temperature 0: on a
 tiny Markov model whose output distribution can be computed exactly, a chi-square test cannot
-tell speculative output (draft, lookup) from plain sampling under warped parameters, and it does
-tell a broken acceptance rule. No ONNX model: the decoder runs on the stand-in's logits.
+tell speculative output (draft, lookup) from plain sampling under warped parameters, nor, under
+a grammar, from plain constrained sampling, and it does tell a broken acceptance rule. No ONNX
+model: the decoder runs on the stand-in's logits.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from npuchat.engine import speculative
+from npuchat.engine import acceptance, speculative
 from npuchat.engine.drafters import Drafter, LookupDrafter, ModelDrafter
 from npuchat.engine.events import SamplingParams
+from npuchat.engine.grammar import Constraint
 from npuchat.engine.sampler import Sampler, distribution, draw
 from npuchat.engine.sequence import Sequence as KVSequence
 from npuchat.engine.speculative import SpeculativeDecoder
@@ -76,30 +78,86 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 CONTEXT = [2, 1, 2, 0]  # lookup has something to match: "2 …" and "1 2"
+# under the grammar: a first token 0 leaves room for a draft after the forced 3
+GRAMMAR_CONTEXT, GRAMMAR_OUT = [2, 1, 0, 3, 2], 4
 
 
-def _exact_target(p_table: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """P(x1..x3 | CONTEXT) of plain sampling: the product of the sampler's distributions."""
-    probs = np.zeros(VOCAB**N_OUT)
-    for i, seq in enumerate(itertools.product(range(VOCAB), repeat=N_OUT)):
-        hist, last, pr = list(CONTEXT), CONTEXT[-1], 1.0
+def _setting(grammar: bool) -> tuple[list[int], int]:
+    return (GRAMMAR_CONTEXT, GRAMMAR_OUT) if grammar else (CONTEXT, N_OUT)
+
+
+class NoRepeats(Constraint):
+    """A stand-in grammar over the Markov vocabulary: no token follows itself, and after a 0
+    only a 3 or a 4 may come, the 3 offered as forced (as llguidance offers its tokenization of
+    forced text, which another tokenization may also spell): the decoder drafts it, and it is
+    still only accepted as often as the target picks it. A sampled draft model proposes repeats
+    often (rejected: p = 0 there); lookup's drafts are cut before one."""
+
+    def __init__(self, last: int) -> None:
+        self.seq = [last]
+
+    @staticmethod
+    def allowed_after(last: int) -> np.ndarray:
+        fits = np.arange(VOCAB) >= 3 if last == 0 else np.arange(VOCAB) != last
+        return np.asarray(fits)
+
+    def allowed(self) -> np.ndarray:
+        return self.allowed_after(self.seq[-1])
+
+    @property
+    def done(self) -> bool:
+        return False
+
+    def restrict(self, logits: np.ndarray) -> np.ndarray | None:
+        return np.where(self.allowed(), logits, -np.inf)
+
+    def consume(self, token: int) -> bool:
+        ok = bool(self.allowed()[token])
+        if ok:
+            self.seq.append(token)
+        return ok
+
+    def fits(self, tokens: list[int]) -> int:
+        last = self.seq[-1]
+        for i, t in enumerate(tokens):
+            if not self.allowed_after(last)[t]:
+                return i
+            last = t
+        return len(tokens)
+
+    def forced(self) -> list[int]:
+        return [3] if self.seq[-1] == 0 else []
+
+
+def _exact_target(p_table: np.ndarray, params: SamplingParams, grammar: bool = False) -> np.ndarray:
+    """P(x1..xn | context) of plain sampling: the product of the sampler's distributions (over
+    the tokens `NoRepeats` allows, with `grammar`)."""
+    context, n_out = _setting(grammar)
+    probs = np.zeros(VOCAB**n_out)
+    for i, seq in enumerate(itertools.product(range(VOCAB), repeat=n_out)):
+        hist, last, pr = list(context), context[-1], 1.0
         for x in seq:
-            pr *= distribution(p_table[last], params, hist)[x]
+            row = p_table[last]
+            if grammar:
+                row = np.where(NoRepeats.allowed_after(last), row, -np.inf)
+            pr *= distribution(row, params, hist)[x]
             hist.append(x)
             last = x
         probs[i] = pr
     return probs
 
 
-def _speculative_counts(params: SamplingParams, trials: int, k: int, lookup: bool) -> np.ndarray:
+def _speculative_counts(
+    params: SamplingParams, trials: int, k: int, lookup: bool, grammar: bool = False
+) -> np.ndarray:
     p_table, q_table = _tables()
     target, draft = MarkovModel(p_table), MarkovModel(q_table)
     drafters: list[Drafter] = [LookupDrafter(max_ngram=2, min_ngram=1)] if lookup else []
     drafters.append(ModelDrafter(draft, "markov"))  # type: ignore[arg-type]
     spec = SpeculativeDecoder(target, drafters, fixed_k=k)  # type: ignore[arg-type]
     rng = np.random.default_rng(1)
-    counts = np.zeros(VOCAB**N_OUT)
-    context = CONTEXT
+    context, n_out = _setting(grammar)
+    counts = np.zeros(VOCAB**n_out)
     sampler = Sampler(params, context)
     sampler.rng = rng
     seq = KVSequence(target)  # type: ignore[arg-type]
@@ -107,13 +165,19 @@ def _speculative_counts(params: SamplingParams, trials: int, k: int, lookup: boo
         seq.rollback(0)
         seq.prefill(context)
         sampler.history = list(context)
-        first = draw(sampler.probs(p_table[context[-1]]), rng)
-        sampler.accept(first)
+        shape = NoRepeats(context[-1]) if grammar else None
+        if shape is None:
+            first = draw(sampler.probs(p_table[context[-1]]), rng)
+            sampler.accept(first)
+        else:
+            chosen = shape.choose(p_table[context[-1]], sampler)
+            assert chosen is not None
+            first = chosen
         out = [first]
-        while len(out) < N_OUT:
-            _, new = spec.advance(seq, out[-1], sampler, N_OUT - len(out))
+        while len(out) < n_out:
+            _, new = spec.advance(seq, out[-1], sampler, n_out - len(out), shape)
             out += new
-        counts[np.ravel_multi_index(out[:N_OUT], (VOCAB,) * N_OUT)] += 1
+        counts[np.ravel_multi_index(out[:n_out], (VOCAB,) * n_out)] += 1
     return counts
 
 
@@ -141,6 +205,34 @@ def test_broken_acceptance_rule_is_detected(monkeypatch: pytest.MonkeyPatch) -> 
     """The same check fails when rejected drafts are resampled from p instead of p − q."""
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     probs = _exact_target(_tables()[0], params)
-    monkeypatch.setattr(speculative, "residual", lambda p, q, x: p)
+    monkeypatch.setattr(acceptance, "residual", lambda p, q, x: p)
     counts = _speculative_counts(params, trials=TRIALS, k=3, lookup=False)
     assert _chi2_pvalue(counts, probs) < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("params", "lookup"), [(SamplingParams(temperature=0.7, min_p=0.05), False), (WARPED, True)]
+)
+def test_sampled_distribution_under_a_grammar_equals_plain_constrained_sampling(
+    params: SamplingParams, lookup: bool
+) -> None:
+    """Drafts from a sampled draft model (after a forced token too), lookup and the grammar's
+    forced tokens, each row held to the grammar: the outcomes are distributed as plain
+    constrained sampling's, and none the grammar forbids comes out."""
+    probs = _exact_target(_tables()[0], params, grammar=True)
+    counts = _speculative_counts(params, trials=TRIALS, k=3, lookup=lookup, grammar=True)
+    assert counts[probs == 0].sum() == 0
+    assert _chi2_pvalue(counts, probs) > 1e-3
+
+
+def test_a_grammar_left_out_of_the_acceptance_rule_is_detected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Verify rows read without the grammar let forbidden drafts through."""
+    probs = _exact_target(_tables()[0], WARPED, grammar=True)
+    unheld = acceptance.accept_sampled
+    monkeypatch.setattr(
+        speculative, "accept_sampled", lambda rows, d, sampler, shape: unheld(rows, d, sampler)
+    )
+    counts = _speculative_counts(WARPED, trials=TRIALS, k=3, lookup=True, grammar=True)
+    assert counts[probs == 0].sum() > 0
