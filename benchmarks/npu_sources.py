@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from synthetic import write_synthetic_gguf
 
 from npuchat.engine.graph_builder import GraphSpec, build_graphs
-from npuchat.engine.npu_compile import adapt_for_htp
+from npuchat.engine.npu_adapt import adapt_for_htp
 
 __all__ = ["htp_sources", "shape_specs"]
 

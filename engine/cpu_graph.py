@@ -17,7 +17,8 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 
 from .custom_ops import kernels_for
 from .gguf_reader import ModelConfig
-from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
+from .graph_inputs import GraphSpec
+from .graph_key import BUILDER_VERSION, WEIGHTS_FILE, spec_digest
 from .process_memory import releasing_file_pages
 from .runtime import GraphCache, cache_key, create_session
 
@@ -51,6 +52,8 @@ def open_cpu_graph(
     released = [0]
 
     def build(folder: Path) -> None:
+        from .graph_builder import build_graphs  # `onnx`: only when building (`graph_key`)
+
         build_graphs(gguf, specs, folder, lambda f: report("building graphs", f))
 
     def open_session(folder: Path) -> ort.InferenceSession:

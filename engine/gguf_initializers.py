@@ -13,23 +13,35 @@ initializers (`SessionOptions.add_initializer`): it uses that memory as it is (c
 1.32: a write into the mapping after the session starts is seen by the next run), where
 `add_external_initializers` would copy every byte. The mapping must outlive the session, so the
 session keeps it (`attach`).
+
+Which initializers those are is written beside the graph when it is built (`<graph>.gguf.json`:
+name, dtype, dims, offset, length), so that opening a built graph needs no protobuf parsing and
+no `onnx` package (`graph_key` says why). The index is one of the folder's files, under its
+manifest like the rest; an index that is missing or does not hold together is an error, never
+mapped.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]
-from onnx import TensorProto
 
 from .errors import NpuchatError
 
-__all__ = ["GGUF_REF", "GgufInitializers", "gguf_initializers"]
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["GGUF_REF", "GgufInitializers", "gguf_initializers", "index_path", "write_index"]
 
 GGUF_REF = "gguf-tensors"
+_INDEX_FORMAT = 1
+_DTYPES = frozenset({"uint8", "int8", "int32", "int64", "float16", "float32"})
 
 
 @dataclass
@@ -50,8 +62,79 @@ class GgufInitializers:
         return session
 
 
-def _external(t: TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
+@dataclass(frozen=True)
+class _Ref:
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    offset: int
+    length: int
+
+
+def index_path(onnx_path: Path) -> Path:
+    return onnx_path.with_name(onnx_path.name + ".gguf.json")
+
+
+def write_index(model: onnx.ModelProto, onnx_path: Path) -> None:
+    """Beside a graph just saved, the index of its initializers that live in the GGUF (none:
+    no index)."""
+    from onnx import helper
+
+    refs = []
+    for t in model.graph.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        if ext.get("location") == GGUF_REF:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).name
+            refs.append(
+                {"name": t.name, "dtype": dtype, "dims": list(t.dims)}
+                | {"offset": int(ext["offset"]), "length": int(ext["length"])}
+            )
+    if refs:
+        text = json.dumps({"format": _INDEX_FORMAT, "tensors": refs})
+        index_path(onnx_path).write_text(text)
+
+
+def _ref(entry: Any) -> _Ref | None:
+    """One index entry, if it holds together: a known dtype, dims whose bytes are its length."""
+    try:
+        ref = _Ref(
+            entry["name"],
+            entry["dtype"],
+            tuple(entry["dims"]),
+            entry["offset"],
+            entry["length"],
+        )
+    except (KeyError, TypeError):
+        return None
+    ints = [*ref.dims, ref.offset, ref.length]
+    if not isinstance(ref.name, str) or ref.dtype not in _DTYPES:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+        return None
+    if math.prod(ref.dims) * np.dtype(ref.dtype).itemsize != ref.length:
+        return None
+    return ref
+
+
+def _damaged(onnx_path: Path) -> NpuchatError:
+    """(Made here, not kept in a local of the raiser: an exception that its own frame holds is
+    a cycle, and the frames behind it hold views of the model file until a collection.)"""
+    return NpuchatError(
+        f"the graph cache's index of GGUF tensors for {onnx_path.name} is missing or damaged; "
+        "delete the cache folder and start again"
+    )
+
+
+def _read_index(onnx_path: Path) -> list[_Ref]:
+    try:
+        raw = json.loads(index_path(onnx_path).read_text())
+        entries = raw["tensors"] if raw.get("format") == _INDEX_FORMAT else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise _damaged(onnx_path) from None
+    refs = [_ref(e) for e in entries] if isinstance(entries, list) else [None]
+    if not refs or None in refs:
+        raise _damaged(onnx_path)
+    return [r for r in refs if r is not None]
 
 
 def gguf_initializers(onnx_path: Path, gguf_path: Path) -> GgufInitializers | None:
@@ -62,24 +145,18 @@ def gguf_initializers(onnx_path: Path, gguf_path: Path) -> GgufInitializers | No
     """
     if not (onnx_path.parent / GGUF_REF).exists():
         return None
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    refs = [t for t in graph.initializer if _external(t).get("location") == GGUF_REF]
-    if not refs:
-        return None
+    refs = _read_index(onnx_path)
     try:
         mapping = np.memmap(gguf_path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as exc:
         raise NpuchatError(f"cannot map {gguf_path} for its graphs ({exc})") from exc
     values = {}
     for t in refs:
-        ext = _external(t)
-        offset, length = int(ext["offset"]), int(ext["length"])
-        if offset + length > len(mapping):
+        if t.offset + t.length > len(mapping):
             raise NpuchatError(
                 f"{gguf_path} is shorter than its built graphs expect ({len(mapping)} bytes, "
-                f"tensor {t.name} ends at {offset + length}): download or import it again"
+                f"tensor {t.name} ends at {t.offset + t.length}): download or import it again"
             )
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
-        view = mapping[offset : offset + length].view(dtype).reshape(tuple(t.dims))
+        view = mapping[t.offset : t.offset + t.length].view(t.dtype).reshape(t.dims)
         values[t.name] = ort.OrtValue.ortvalue_from_numpy(view)
     return GgufInitializers(values, mapping)

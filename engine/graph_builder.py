@@ -76,14 +76,12 @@ makes NEOX rotary on the result identical (attention scores are invariant to a c
 permutation of Q and K dims), so the graph has one rotary form.
 
 The weights are written by `graph_weights` (once per model, shared by every graph), the
-matmul building blocks live in `graph_ops`, the spec, dims and I/O list in `graph_inputs`; this
-module assembles the decoder from them.
+matmul building blocks live in `graph_ops`, the spec and dims in `graph_inputs`, the I/O list in
+`graph_io`, what keys a built folder in `graph_key`; this module assembles the decoder from them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -93,9 +91,12 @@ from onnx import helper
 
 from .custom_ops import DOMAIN as KERNEL_DOMAIN
 from .errors import NpuchatError
+from .gguf_initializers import write_index
 from .gguf_reader import GGUFFile, ModelConfig
 from .graph_attention import attend_inplace, attend_split, rope_attend
-from .graph_inputs import GraphDims, GraphSpec, graph_io
+from .graph_inputs import GraphDims, GraphSpec
+from .graph_io import graph_io
+from .graph_key import BUILDER_VERSION
 from .graph_ops import (
     Graph,
     Norm,
@@ -106,25 +107,12 @@ from .graph_ops import (
     linear,
     normed_linear,
 )
-from .graph_weights import WEIGHTS_FILE, Layer, Weights, llama_rope_permutation, write_weights
+from .graph_weights import Layer, Weights, write_weights
 from .kv_smoothing import graph_layout, k_smoothing
-from .layer_inputs import MASK_NEG, rope_tables
+from .layer_inputs import rope_tables
 
-__all__ = [
-    "BUILDER_VERSION",
-    "MASK_NEG",
-    "WEIGHTS_FILE",
-    "GraphSpec",
-    "build_graphs",
-    "llama_rope_permutation",
-    "make_graph",
-    "rope_tables",
-    "spec_digest",
-    "write_weights",
-]
+__all__ = ["GraphSpec", "build_graphs", "make_graph", "rope_tables", "write_weights"]
 
-# Bump when the graphs or the weight layout change: it is part of the compile-cache key.
-BUILDER_VERSION = "25"
 OPSET = 23  # RotaryEmbedding
 
 
@@ -359,13 +347,8 @@ def build_graphs(
         model = make_graph(cfg, weights, spec, smooth)
         path = out_dir / f"{name}.onnx"
         onnx.save_model(model, str(path))
+        write_index(model, path)
         paths[name] = path
     if progress:
         progress(1.0)
     return paths
-
-
-def spec_digest(specs: Mapping[str, GraphSpec]) -> str:
-    """A stable text of the graph set, for the compile-cache key."""
-    blob = json.dumps({k: v.key() for k, v in sorted(specs.items())}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from .errors import UnsupportedModelError
 from .gguf_initializers import GGUF_REF
 from .gguf_reader import GGUFFile, ModelConfig
+from .graph_key import WEIGHTS_FILE
 from .graph_native import (
     RawRows,
     native_rows,
@@ -28,27 +29,19 @@ from .graph_native import (
     regroup_rows,
     stack_native,
 )
+from .layer_inputs import llama_rope_permutation
 from .quant import QuantMatrix, concat_rows, decode_tensor, pack_nbits
 
 Matrix = QuantMatrix | RawRows
 
 __all__ = [
-    "WEIGHTS_FILE",
     "Layer",
     "Linear",
     "Weights",
-    "llama_rope_permutation",
     "write_weights",
 ]
 
-WEIGHTS_FILE = "weights.bin"
 _ALIGN = 4096  # page-aligned external data lets ONNX Runtime map it instead of copying
-
-
-def llama_rope_permutation(n_heads: int, head_dim: int) -> np.ndarray:
-    """Row order that turns llama.cpp's adjacent-pair rotary layout into the NEOX half layout."""
-    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
-    return (np.arange(n_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)
 
 
 class _WeightWriter:

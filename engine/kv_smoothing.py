@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .gguf_reader import GGUFFile, ModelConfig
-from .graph_weights import llama_rope_permutation
+from .layer_inputs import llama_rope_permutation
 from .quant import dequantize_rows
 
 __all__ = ["K_SMOOTHING", "graph_layout", "k_smoothing"]

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import NpuchatError
-from .graph_builder import MASK_NEG
 from .kv_layout import KV_DTYPES, KVSnapshot, bytes_per_token, check_kv_dtype, quantize_rows
 from .kv_pages import ReservedBuffer
 from .kv_ring import RingFloors, RingShape
+from .layer_inputs import MASK_NEG
 from .model_config import ModelConfig
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .model_config import ModelConfig
 
-__all__ = ["apply_window", "rope_tables"]
+__all__ = ["apply_window", "llama_rope_permutation", "rope_tables"]
 
 MASK_NEG = -30000.0  # finite (fp16-safe) and far below any real score
 
@@ -59,3 +59,9 @@ def apply_window(
     far = (rows[:, None] - cols[None, :]) >= window
     np.copyto(out[0, 0], base[0, 0])
     out[0, 0][far] = MASK_NEG
+
+
+def llama_rope_permutation(n_heads: int, head_dim: int) -> np.ndarray:
+    """Row order that turns llama.cpp's adjacent-pair rotary layout into the NEOX half layout."""
+    per_head = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(n_heads)[:, None] * head_dim + per_head[None, :]).reshape(-1)

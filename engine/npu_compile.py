@@ -3,7 +3,7 @@
 An NPU compiles a graph for fixed shapes. A model gets one graph, `step`: S rows for each of
 its B KV slots at one capacity C (`npu_specs`), built by `graph_builder` with static shapes and
 unfused norms (the HTP rejects `SkipSimplifiedLayerNormalization`), passed through
-`adapt_for_htp`, and compiled by the QNN EP into `step_ctx.onnx` plus its context binary
+`npu_adapt.adapt_for_htp`, and compiled by the QNN EP into `step_ctx.onnx` plus its context binary
 `step_ctx_qnn.bin` (embed mode 0), which holds the weights (quantized ones stay quantized).
 
 Why one graph: every compiled graph carries its own copy of the weights, so a graph per step
@@ -34,14 +34,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]
-from onnx import helper, numpy_helper
 
 from .devices import QNN_EP, QnnOptions, qnn_versions
 from .errors import NpuchatError
-from .graph_builder import BUILDER_VERSION, WEIGHTS_FILE, GraphSpec, build_graphs, spec_digest
+from .graph_inputs import GraphSpec
+from .graph_key import BUILDER_VERSION, WEIGHTS_FILE, spec_digest
 from .npu_placement import (
     GraphPlacement,
     describe_fallbacks,
@@ -83,66 +81,6 @@ def npu_specs(
         raise NpuchatError(f"the NPU graph reads f32 or int8 K/V, not {kv_dtype}")
     spec = GraphSpec.static(rows, capacity, logits, accuracy_level, batch_max, ring, kv_dtype)
     return {"step": spec}
-
-
-def adapt_for_htp(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Rewrite a builder graph into the forms the QNN HTP accepts (in place; returns it).
-
-    The builder keeps the residual stream 2-D `[S, D]` (the CPU's Gemm and norm fusions want
-    it), but QNN's `MatMulNBits` takes only a 3-D `A` ("Unsupported input A rank, expecting 3D
-    shape", measured). Each one is wrapped in Reshape `[1, S, K]` → MatMulNBits → Reshape
-    `[S, N]`; reshapes are free layout changes on the HTP. Its bias input is rejected too
-    ("Unsupported inputs g_idx or bias"), so a bias becomes an `Add` after it.
-    """
-    graph = model.graph
-    consts: dict[str, onnx.TensorProto] = {}
-
-    def shape_const(values: list[int]) -> str:
-        name = "htp_shape_" + "_".join(str(v).replace("-", "m") for v in values)
-        if name not in consts:
-            consts[name] = numpy_helper.from_array(np.array(values, np.int64), name)
-        return name
-
-    nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
-        if node.op_type != "MatMulNBits":
-            nodes.append(node)
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        a3, y3, out = f"{node.name}_a3", f"{node.name}_y3", node.output[0]
-        nodes.append(
-            helper.make_node(
-                "Reshape",
-                [node.input[0], shape_const([1, -1, attrs["K"]])],
-                [a3],
-                f"{node.name}_3d",
-            )
-        )
-        node.input[0] = a3
-        node.output[0] = y3
-        nodes.append(node)
-        bias = node.input[5] if len(node.input) > 5 else ""
-        if bias:  # QNN: "Unsupported inputs g_idx or bias" -> a separate Add
-            inputs = list(node.input[:5])
-            while inputs and not inputs[-1]:
-                inputs.pop()
-            del node.input[:]
-            node.input.extend(inputs)
-            y3 = _append(nodes, "Add", [y3, bias], f"{node.name}_bias")
-        nodes.append(
-            helper.make_node(
-                "Reshape", [y3, shape_const([-1, attrs["N"]])], [out], f"{node.name}_2d"
-            )
-        )
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(consts.values())
-    return model
-
-
-def _append(nodes: list[onnx.NodeProto], op: str, inputs: list[str], name: str) -> str:
-    nodes.append(helper.make_node(op, inputs, [f"{name}_0"], name))
-    return f"{name}_0"
 
 
 # --------------------------------------------------------------------------- compile
@@ -218,12 +156,14 @@ def compile_npu_graphs(
     t0 = time.perf_counter()
 
     def build(folder: Path) -> None:
+        from .graph_builder import build_graphs  # `onnx`: only when building (`graph_key`)
+        from .npu_adapt import adapt_file_for_htp
+
         sources = build_graphs(gguf_path, specs, folder, lambda f: report("building graphs", f))
         placements = {}
         for i, (name, src) in enumerate(sources.items()):
             report(f"compiling {name} for the NPU", i / len(sources))
-            model = adapt_for_htp(onnx.load(str(src), load_external_data=False))
-            onnx.save_model(model, str(src))
+            adapt_file_for_htp(src)
             placements[name] = compile_graph(src, folder / f"{name}_ctx.onnx", opts, name)
             src.unlink()
         report("compiling for the NPU", 1.0)
@@ -252,11 +192,14 @@ def explain_placement(
     The explanation behind a failed compile: the graphs are built into a temporary folder,
     adapted as for compiling, and placed with CPU fallback allowed.
     """
+    from .graph_builder import build_graphs
+    from .npu_adapt import adapt_file_for_htp
+
     with tempfile.TemporaryDirectory(prefix="npuchat-placement-") as tmp:
         sources = build_graphs(gguf_path, specs, Path(tmp))
         out = {}
         for name, src in sources.items():
-            onnx.save_model(adapt_for_htp(onnx.load(str(src), load_external_data=False)), str(src))
+            adapt_file_for_htp(src)
             out[name] = diagnose(src, opts, name)
         return out
 

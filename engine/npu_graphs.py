@@ -32,9 +32,9 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import ModelConfig
-from .graph_builder import MASK_NEG, GraphSpec
+from .graph_inputs import GraphSpec
 from .kvcache import KVCache
-from .layer_inputs import apply_window
+from .layer_inputs import MASK_NEG, apply_window
 from .npu_compile import CompiledGraphs, compile_npu_graphs, load_compiled_session, npu_specs
 from .runtime import GraphCache
 

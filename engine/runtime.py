@@ -31,7 +31,7 @@ from . import hashing
 from .devices import DEVICES, QNN_EP
 from .errors import NpuchatError
 from .gguf_initializers import gguf_initializers
-from .graph_builder import BUILDER_VERSION
+from .graph_key import BUILDER_VERSION
 from .hashing import sha256_file
 
 T = TypeVar("T")
@@ -173,7 +173,8 @@ class GraphCache:
             if failure is not None:
                 raise failure
             return folder, opened  # type: ignore[return-value]
-        opened = None  # never used: it may have read damaged bytes
+        opened = failure = None  # never used: it may have read damaged bytes (and the failure
+        # would hold its frames, views of the model file among them, until a collection)
         folder = self.get_or_build(key, build, meta)
         return folder, open_folder(folder)
 

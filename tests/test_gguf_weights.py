@@ -1,12 +1,16 @@
 """With the native kernels the graphs read the GGUF's blocks where they lie in the model file:
 the graph cache holds no second copy of them (only rows regrouped for the kernels), and a
 model file changed or cut short under cached graphs is never run with them (new graphs for new
-bytes, a one-line error for a short file)."""
+bytes, a one-line error for a short file). Which blocks those are is indexed beside the graph,
+so a start over built graphs never imports `onnx`; a damaged index is rebuilt or refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +20,7 @@ from gguf import GGMLQuantizationType
 from npuchat.engine import runtime
 from npuchat.engine.custom_ops import kernels_for
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.gguf_initializers import index_path
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.model import Model
 
@@ -128,3 +133,54 @@ def test_graphs_opened_over_a_short_or_missing_gguf_are_refused(gguf: Path, tmp_
     assert "\n" not in str(err.value)
     with pytest.raises(NpuchatError, match="could not load"):
         runtime.create_session(graph, "cpu", 1, kernels)
+
+
+OPEN_BUILT = """
+import sys
+from pathlib import Path
+import npuchat.app.cli, npuchat.app.engine_factory
+from npuchat.engine.session import ChatSession
+s = ChatSession.open(Path(sys.argv[1]), name="m", cache_dir=Path(sys.argv[2]), capacities=[32])
+s.close()
+print(sorted(m for m in ("onnx", "ml_dtypes") if m in sys.modules))
+"""
+
+
+def test_a_start_over_built_graphs_does_not_import_onnx(gguf: Path, tmp_path: Path) -> None:
+    """`onnx` (and the `ml_dtypes` it loads, ~0.6 s) is for building graphs: the CLI and a
+    session opened over a built folder, in a fresh interpreter, never import it."""
+    cache = tmp_path / "c"
+    _logits(gguf, cache)
+    run = [sys.executable, "-c", OPEN_BUILT, str(gguf), str(cache)]
+    out = subprocess.run(run, capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_damaged_tensor_index_is_rebuilt_and_a_missing_one_refused(
+    gguf: Path, tmp_path: Path
+) -> None:
+    """An index entry whose length no longer matches its dims fails the folder's manifest:
+    the graphs are built again and compute what they did. Opened directly, a graph whose
+    index is missing or does not hold together is a one-line error, never mapped."""
+    cache = tmp_path / "c"
+    before = _logits(gguf, cache)
+    with Model.load(gguf, cache_dir=cache, prefill_chunk=8, capacities=[32]) as m:
+        graph = m.graph_dir / "decoder.onnx"
+    index = index_path(graph)
+    raw = json.loads(index.read_text())
+    raw["tensors"][0]["length"] += 1
+    index.write_text(json.dumps(raw))
+    with Model.load(gguf, cache_dir=cache, prefill_chunk=8, capacities=[32]) as m:
+        assert m._graph_cache.builds == 1
+        np.testing.assert_array_equal(m.prefill(IDS), before)
+    kernels = kernels_for(4).path
+    for damage in ("length", "dtype", "missing"):
+        raw = json.loads(index.read_text())
+        if damage == "missing":
+            index.unlink()
+        else:
+            raw["tensors"][-1][damage] = 7 if damage == "length" else "object"
+            index.write_text(json.dumps(raw))
+        with pytest.raises(NpuchatError, match="index of GGUF tensors") as err:
+            runtime.create_session(graph, "cpu", 1, kernels, gguf)
+        assert "\n" not in str(err.value)

@@ -273,7 +273,7 @@ def test_load_gives_back_the_weight_pages_onnx_runtime_no_longer_reads(
     copy (184 MiB of RSS for qwen2.5-coder-1.5b): the load drops those pages, and generation
     afterwards neither needs them back nor changes (the release only affects residency).
     The native kernels read their blocks from the mapped file instead (nothing is prepacked)."""
-    from npuchat.engine.graph_builder import WEIGHTS_FILE
+    from npuchat.engine.graph_key import WEIGHTS_FILE
     from npuchat.engine.process_memory import mapped_ranges
 
     monkeypatch.setenv("NPUCHAT_KERNELS", "off")

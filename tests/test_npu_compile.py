@@ -25,10 +25,10 @@ from synthetic import TENSOR_TYPES
 from npuchat.engine import devices
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.graph_builder import GraphSpec, build_graphs
+from npuchat.engine.npu_adapt import adapt_for_htp
 from npuchat.engine.npu_compile import (
     NPU_STEP_ROWS,
     PLACEMENT_FILE,
-    adapt_for_htp,
     compile_npu_graphs,
     explain_placement,
     npu_specs,

@@ -23,7 +23,8 @@ from npu_driver import CAPACITY, MODELS, PREFILL, REL_TOL, VERIFY_K, greedy, ran
 from npuchat.engine import devices
 from npuchat.engine.graph_builder import GraphSpec, build_graphs
 from npuchat.engine.model import Model
-from npuchat.engine.npu_compile import CompiledGraphs, adapt_for_htp
+from npuchat.engine.npu_adapt import adapt_for_htp
+from npuchat.engine.npu_compile import CompiledGraphs
 
 pytestmark = [
     pytest.mark.npu,
