@@ -69,6 +69,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # and this much again for every time it was seen
     logprobs: int | None = None  # each token's log probability, with this many likeliest
     json_schema: str | None = None  # the reply is JSON this schema allows (`grammar`)
+    grammar: str | None = None  # or text this Lark grammar (llguidance's) allows
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's
     seed: int | None = None
     max_tokens: int = 1024

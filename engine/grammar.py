@@ -1,5 +1,6 @@
-"""Constrained decoding: a reply held to a JSON schema (OpenAI's structured outputs) or to any JSON
-object (JSON mode), by llguidance, the grammar engine llama.cpp and vLLM use.
+"""Constrained decoding: a reply held to a JSON schema (OpenAI's structured outputs), to any JSON
+object (JSON mode) or to a Lark grammar around JSON values (the server's forced tool calls), by
+llguidance, the grammar engine llama.cpp and vLLM use.
 
 Each step llguidance gives the set of tokens that keep the reply a prefix of what the schema
 allows (a bit per token, ~0.2 ms for a 152k vocabulary); the others' logits are set to -inf and
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     import llguidance
     from llguidance._lib import JsonCompileOptions  # a type the stubs alone name
 
-__all__ = ["ANY_OBJECT", "Constraint", "constraint_for"]
+__all__ = ["ANY_OBJECT", "Constraint", "constraint_for", "embedded_json", "grammar_problem"]
 
 ANY_OBJECT = '{"type": "object"}'  # JSON mode's schema
 _OPTIONS: JsonCompileOptions = {"whitespace_pattern": "[ \t\n\r]{0,16}"}
@@ -73,22 +74,50 @@ def _vocab(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
         return found
 
 
-def constraint_for(tokenizer: Tokenizer, schema: str) -> Constraint:
-    """A reply's constraint to `schema` (JSON text); a schema that is not JSON, or that
-    llguidance cannot compile, is an `InvalidRequestError` saying why in one line."""
+def embedded_json(schema: dict[str, Any]) -> str:
+    """A Lark rule's body for a JSON value `schema` allows, with the whitespace bound a schema's
+    reply gets (llguidance reads its options from the schema's `x-guidance`)."""
+    return "%json " + json.dumps({**schema, "x-guidance": _OPTIONS}, ensure_ascii=False)
+
+
+def grammar_problem(lark: str) -> str | None:
+    """Why llguidance cannot use the Lark grammar `lark` (one line), or None when it can; no
+    tokenizer needed, so a front end can decide before it sends a request."""
     import llguidance
 
     try:
-        parsed: Any = json.loads(schema)
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(parsed, defaults=_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        problem = llguidance.LLMatcher.validate_grammar(grammar)
+    except (ValueError, TypeError, RecursionError) as exc:
+        problem = str(exc) or type(exc).__name__
+    return (problem.strip().splitlines() or ["unknown error"])[0][:300] if problem else None
+
+
+def constraint_for(
+    tokenizer: Tokenizer, schema: str | None, lark: str | None = None
+) -> Constraint | None:
+    """A reply's constraint to `schema` (JSON text) or else to `lark` (None: neither given); a
+    schema that is not JSON, or either that llguidance cannot compile, is an
+    `InvalidRequestError` saying why in one line."""
+    if schema is None and lark is None:
+        return None
+    import llguidance
+
+    what = "the JSON schema" if schema is not None else "the grammar"
+    try:
+        if schema is not None:
+            parsed: Any = json.loads(schema)
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(parsed, defaults=_OPTIONS)
+        else:
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark or "")
     except (ValueError, TypeError) as exc:
-        raise InvalidRequestError(f"the JSON schema is not valid: {exc}") from None
+        raise InvalidRequestError(f"{what} is not valid: {exc}") from None
     except RecursionError:
-        raise InvalidRequestError("the JSON schema is nested too deeply") from None
+        raise InvalidRequestError(f"{what} is nested too deeply") from None
     matcher = llguidance.LLMatcher(_vocab(tokenizer), grammar, log_level=0)
     if matcher.is_error():
         first = matcher.get_error().strip().splitlines()[:1] or ["unknown error"]
-        raise InvalidRequestError(f"the JSON schema cannot be used: {first[0][:300]}")
+        raise InvalidRequestError(f"{what} cannot be used: {first[0][:300]}")
     return Constraint(matcher, tokenizer.vocab_size)
 
 

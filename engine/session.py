@@ -345,8 +345,7 @@ class ChatSession:
                     f"the prompt is {len(ids)} tokens and {self._name} holds "
                     f"{self.model.max_capacity}; shorten it"
                 )
-        schema = params.json_schema
-        shape = constraint_for(self.tokenizer, schema) if schema is not None else None
+        shape = constraint_for(self.tokenizer, params.json_schema, params.grammar)
         store = store_lock or contextlib.nullcontext()
         if peers is not None:
             peers.claim(ids, cancel)

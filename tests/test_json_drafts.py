@@ -71,6 +71,7 @@ def test_a_greedy_reply_under_a_schema_is_the_same_with_drafts(
     assert cached[len(prompt) :] == drafted[:-1]
     rows = ReferenceModel(path).logits(prompt + drafted[:-1])[len(prompt) - 1 :]
     shape = constraint_for(tokenizer, SCHEMA)
+    assert shape is not None
     checked = 0
     for row, token in zip(rows, drafted, strict=True):
         allowed = shape.allowed()[: len(row)]

@@ -161,19 +161,21 @@ def test_tool_calls_are_parsed_from_the_reply() -> None:
 
 def test_tool_choice_forces_a_call() -> None:
     """`tool_choice` naming a function: the reply is made to start inside that call (the
-    engine gets the block's opening as `reply_prefix`, and a stop at its end), the model
-    writes only the arguments, and the client gets the call. "required" leaves the name to
-    the model."""
-    replies = {
-        "get_weather": ScriptedReply(['{"city": ', '"Oslo"}}']),
-        "": ScriptedReply(['get_weather", "arguments": {"city": "Rome"}}\n</tool_call>']),
-    }
+    engine gets the block's opening as `reply_prefix`, a stop at its end and the grammar of a
+    call to that function with its parameters), and the client gets the call, whole or
+    streamed. "required" offers every tool, one call or more. A tool whose parameters
+    llguidance cannot compile still has its name held, its arguments any value; a forced call
+    leaves `response_format` out (it speaks of the message, not the call)."""
 
     def reply(req: ChatRequest) -> ScriptedReply:
-        return replies["get_weather" if "get_weather" in req.reply_prefix else ""]
+        if '"const": "odd"' in (req.sampling.grammar or "") and "NEXT" not in req.sampling.grammar:
+            return ScriptedReply(['{"name": "odd", "arguments": [1, 2]}'])
+        city = "Oslo" if "</tool_call>" in req.sampling.stop else "Rome"
+        return ScriptedReply(['{"name": "get_weather", "arguments": ', f'{{"city": "{city}"}}}}'])
 
     engine = ScriptedEngine(reply)
     named = {"type": "function", "function": {"name": "get_weather"}}
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {"type": "wizard"}}}
     with serving(engine) as (_, client):
         r = client.chat.completions.create(
             model=MODEL, messages=USER, tools=[WEATHER_TOOL], tool_choice=named
@@ -184,7 +186,17 @@ def test_tool_choice_forces_a_call() -> None:
             )
         )
         req = client.chat.completions.create(
-            model=MODEL, messages=USER, tools=[WEATHER_TOOL], tool_choice="required"
+            model=MODEL,
+            messages=USER,
+            tools=[WEATHER_TOOL, odd],  # type: ignore[list-item]
+            tool_choice="required",
+        )
+        oddly = client.chat.completions.create(
+            model=MODEL,
+            messages=USER,
+            tools=[WEATHER_TOOL, odd],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "odd"}},
+            response_format={"type": "json_object"},
         )
     (call,) = r.choices[0].message.tool_calls or []
     assert (call.function.name, json.loads(call.function.arguments)) == (
@@ -192,15 +204,23 @@ def test_tool_choice_forces_a_call() -> None:
         {"city": "Oslo"},
     )
     assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
-    first = engine.requests[0]
-    assert first.reply_prefix.startswith("<tool_call>") and "</tool_call>" in first.sampling.stop
+    first = engine.requests[0].sampling
+    assert engine.requests[0].reply_prefix == "<tool_call>\n" and "</tool_call>" in first.stop
+    grammar = first.grammar or ""
+    assert '"const": "get_weather"' in grammar and '"city"' in grammar and "NEXT" not in grammar
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed = [tc for d in deltas for tc in d.tool_calls or []]
     assert [tc.function.name for tc in streamed] == ["get_weather"]  # type: ignore[union-attr]
     assert "".join(d.content or "" for d in deltas) == ""
     (call,) = req.choices[0].message.tool_calls or []
     assert json.loads(call.function.arguments) == {"city": "Rome"}
-    assert "</tool_call>" not in engine.requests[2].sampling.stop  # several calls may follow
+    third = engine.requests[2].sampling
+    assert "</tool_call>" not in third.stop and "NEXT" in (third.grammar or "")  # more may follow
+    assert '"const": "odd"' in (third.grammar or "")
+    (call,) = oddly.choices[0].message.tool_calls or []
+    assert (call.function.name, json.loads(call.function.arguments)) == ("odd", [1, 2])
+    fourth = engine.requests[3].sampling
+    assert fourth.json_schema is None and '"arguments": {}' in (fourth.grammar or "")
 
 
 def test_tool_results_reach_the_engine_as_turns() -> None:

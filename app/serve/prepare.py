@@ -20,7 +20,7 @@ from .schema import (
     SamplingIn,
     ToolCallIn,
 )
-from .tools import CLOSE, forced_call_prefix
+from .tools import CLOSE, OPEN, call_grammar, forced_call_prefix
 
 
 @dataclass(frozen=True)
@@ -87,14 +87,15 @@ def _messages(body: ChatCompletionIn) -> tuple[str, tuple[ChatMessage, ...]]:
     return "\n\n".join(system), tuple(turns)
 
 
-def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str]:
-    """The tools offered, and the text the reply is forced to start with (`tool_choice`
-    "required" or a named function: the opening of a `<tool_call>` block, `tools` module)."""
+def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str, str | None]:
+    """The tools offered, the text the reply is forced to start with (`tool_choice`
+    "required" or a named function: the opening of a `<tool_call>` block) and the grammar
+    the rest is held to (None: the model writes it; `tools` module)."""
     choice = body.tool_choice
     if not body.tools or choice == "none":
         if choice == "required" or isinstance(choice, NamedToolChoice):
             raise ApiError(400, "tool_choice: the request offers no tools", param="tool_choice")
-        return (), ""
+        return (), "", None
     tools = tuple(
         ToolSpec(
             t.function.name,
@@ -103,18 +104,19 @@ def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str]:
         )
         for t in body.tools
     )
-    if choice == "required":
-        return tools, forced_call_prefix(None)
-    if isinstance(choice, NamedToolChoice):
-        name = choice.function.get("name", "")
-        if name not in {t.name for t in tools}:
-            raise ApiError(
-                400,
-                f"tool_choice: {name!r} is not one of the request's tools",
-                param="tool_choice.function.name",
-            )
-        return tools, forced_call_prefix(name)
-    return tools, ""
+    if choice != "required" and not isinstance(choice, NamedToolChoice):
+        return tools, "", None
+    name = choice.function.get("name", "") if isinstance(choice, NamedToolChoice) else None
+    if name is not None and name not in {t.name for t in tools}:
+        raise ApiError(
+            400,
+            f"tool_choice: {name!r} is not one of the request's tools",
+            param="tool_choice.function.name",
+        )
+    grammar = call_grammar(tools, name)
+    if grammar is None:
+        return tools, forced_call_prefix(name), None
+    return tools, OPEN + "\n", grammar
 
 
 def _continues(body: ChatCompletionIn, turns: tuple[ChatMessage, ...], forced: str) -> bool:
@@ -153,11 +155,13 @@ def _continues(body: ChatCompletionIn, turns: tuple[ChatMessage, ...], forced: s
 
 def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     system, turns = _messages(body)
-    tools, forced = _tools(body)
+    tools, forced, grammar = _tools(body)
     continue_reply = _continues(body, turns, forced)
     given = (body.max_completion_tokens, body.max_tokens)
     max_tokens = next((n for n in given if n is not None), context_length)
     sampling = body.sampling(max_tokens, context_length)
+    if grammar is not None:  # a forced call is no reply `response_format` speaks of
+        sampling = replace(sampling, grammar=grammar, json_schema=None)
     if isinstance(body.tool_choice, NamedToolChoice):  # one call: it ends with its block
         sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
     request = ChatRequest(

@@ -6,6 +6,13 @@ OpenAI `tool_calls` and leaves the rest as content. Small models often drop the 
 answer with the bare object (qwen2.5-coder-0.5b does): a reply that is nothing but one such
 object naming one of the request's tools is a call too. A block whose JSON does not parse, or
 that lacks a name, stays text: a wrong tool call is worse than showing what the model wrote.
+
+A call the request forces (`tool_choice` "required" or a named function) is held to a grammar,
+as llama.cpp's server does: after the block's opening, a JSON object naming one of the tools
+with arguments its parameters' schema allows, then the block's end ("required": one call or
+more). A tool's parameters llguidance cannot compile leave its arguments any JSON value; a
+grammar that fails as a whole leaves the call to the model, with the opening and the name
+written in for it (`forced_call_prefix`).
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import json
 import secrets
 from dataclasses import dataclass
 
-from npuchat.engine.events import ToolCall
+from npuchat.engine.events import ToolCall, ToolSpec
+from npuchat.engine.grammar import embedded_json, grammar_problem
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -26,6 +34,41 @@ def forced_call_prefix(name: str | None) -> str:
     if name is None:
         return OPEN + '\n{"name": "'
     return OPEN + "\n" + json.dumps({"name": name})[:-1] + ', "arguments": '
+
+
+def call_grammar(tools: tuple[ToolSpec, ...], name: str | None) -> str | None:
+    """The Lark grammar of what follows a forced call's opening (module doc): one call to
+    `name`, or with None one or more calls to any of `tools`; None where llguidance cannot
+    compile it as a whole (a tool's parameters it cannot compile are left out: `_parameters`)."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": _parameters(t)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+        if name is None or t.name == name
+    ]
+    one = name is not None
+    lines = ["start: call END?" if one else "start: call (NEXT call)* END?"]
+    if not one:
+        lines.append(f"NEXT: {json.dumps(chr(10) + CLOSE + chr(10) + OPEN + chr(10))}")
+    lines += [f"END: {json.dumps(chr(10) + CLOSE)}", f"call: {embedded_json({'anyOf': calls})}"]
+    lark = "\n".join(lines) + "\n"
+    return lark if grammar_problem(lark) is None else None
+
+
+def _parameters(tool: ToolSpec) -> object:
+    """A tool's parameters schema: any object where it gives none, or one llguidance cannot
+    compile (the name is still held to the tools offered)."""
+    try:
+        schema = json.loads(tool.parameters)
+    except ValueError:
+        schema = None
+    if not isinstance(schema, dict) or not schema:
+        return {"type": "object"}
+    return schema if grammar_problem(f"start: {embedded_json(schema)}") is None else {}
 
 
 def new_call_id() -> str:
