@@ -159,6 +159,41 @@ def test_tool_calls_are_parsed_from_the_reply() -> None:
     assert plain.choices[0].message.tool_calls is None
 
 
+def test_a_forced_calls_grammar_compiles_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Big tool schemas take llguidance a second or more to compile (5,000 properties: 1.2 s
+    measured): while one request's call grammar compiles, the server still answers others
+    (held here until /health has answered; on the event loop, /health would wait for it)."""
+    from npuchat.app.serve import prepare
+
+    answered, compiling = threading.Event(), threading.Event()
+    compile_grammar = prepare.call_grammar
+
+    def slow(tools: Any, name: str | None) -> str | None:
+        compiling.set()
+        answered.wait(10)
+        return compile_grammar(tools, name)
+
+    monkeypatch.setattr(prepare, "call_grammar", slow)
+    engine = ScriptedEngine(lambda req: ScriptedReply(['{"name": "get_weather", "arguments": {}}']))
+    with serving(engine) as (server, client):
+        forced = threading.Thread(
+            target=lambda: client.chat.completions.create(
+                model=MODEL, messages=USER, tools=[WEATHER_TOOL], tool_choice="required"
+            )
+        )
+        forced.start()
+        assert compiling.wait(10)
+        t0 = time.monotonic()
+        health = httpx.get(server.url + "/health", timeout=10)
+        waited = time.monotonic() - t0
+        answered.set()
+        forced.join(10)
+    assert health.status_code == 200 and waited < 5, waited
+    assert len(engine.requests) == 1
+
+
 def test_tool_choice_forces_a_call() -> None:
     """`tool_choice` naming a function: the reply is made to start inside that call (the
     engine gets the block's opening as `reply_prefix`, a stop at its end and the grammar of a

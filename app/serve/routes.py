@@ -266,7 +266,8 @@ async def _body(request: Request, schema: type[B]) -> tuple[Service, B]:
 
 async def chat_completions(request: Request) -> Response:
     service, body = await _body(request, ChatCompletionIn)
-    prepared = prepare_chat(body, service.model.context_length)
+    # off the event loop: a forced call's grammar over big tool schemas compiles for ~1 s
+    prepared = await asyncio.to_thread(prepare_chat, body, service.model.context_length)
     prepared = prepared.named(_conversation(body.conversation_id, prepared))
     logprobs = prepared.request.sampling.logprobs is not None
     shape = ChatShape(
