@@ -159,6 +159,25 @@ def test_tool_calls_are_parsed_from_the_reply() -> None:
     assert plain.choices[0].message.tool_calls is None
 
 
+def test_parallel_tool_calls_false_allows_one_call() -> None:
+    """`parallel_tool_calls: false`: a forced call's grammar allows one call, and every reply
+    offered tools ends with its first block (a stop at its end), forced or not."""
+    engine = ScriptedEngine(lambda req: ScriptedReply(['{"name": "get_weather", "arguments": {}}']))
+    with serving(engine) as (_, client):
+        for choice in ("required", "auto"):
+            client.chat.completions.create(
+                model=MODEL,
+                messages=USER,
+                tools=[WEATHER_TOOL],
+                tool_choice=choice,  # type: ignore[arg-type]
+                parallel_tool_calls=False,
+            )
+    required, auto = (r.sampling for r in engine.requests)
+    assert required.grammar is not None and "NEXT" not in required.grammar
+    assert "</tool_call>" in required.stop and "</tool_call>" in auto.stop
+    assert auto.grammar is None
+
+
 def test_a_forced_calls_grammar_compiles_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -170,10 +189,10 @@ def test_a_forced_calls_grammar_compiles_off_the_event_loop(
     answered, compiling = threading.Event(), threading.Event()
     compile_grammar = prepare.call_grammar
 
-    def slow(tools: Any, name: str | None) -> str | None:
+    def slow(tools: Any, name: str | None, several: bool) -> str | None:
         compiling.set()
         answered.wait(10)
-        return compile_grammar(tools, name)
+        return compile_grammar(tools, name, several)
 
     monkeypatch.setattr(prepare, "call_grammar", slow)
     engine = ScriptedEngine(lambda req: ScriptedReply(['{"name": "get_weather", "arguments": {}}']))

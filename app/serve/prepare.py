@@ -113,7 +113,7 @@ def _tools(body: ChatCompletionIn) -> tuple[tuple[ToolSpec, ...], str, str | Non
             f"tool_choice: {name!r} is not one of the request's tools",
             param="tool_choice.function.name",
         )
-    grammar = call_grammar(tools, name)
+    grammar = call_grammar(tools, name, several=name is None and body.parallel_tool_calls)
     if grammar is None:
         return tools, forced_call_prefix(name), None
     return tools, OPEN + "\n", grammar
@@ -162,7 +162,8 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     sampling = body.sampling(max_tokens, context_length)
     if grammar is not None:  # a forced call is no reply `response_format` speaks of
         sampling = replace(sampling, grammar=grammar, json_schema=None)
-    if isinstance(body.tool_choice, NamedToolChoice):  # one call: it ends with its block
+    one_call = isinstance(body.tool_choice, NamedToolChoice) or not body.parallel_tool_calls
+    if tools and one_call:  # one call: the reply ends with its block
         sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
     request = ChatRequest(
         conversation_id="",

@@ -245,6 +245,7 @@ class ChatCompletionIn(SamplingIn):
     max_completion_tokens: int | None = None
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)

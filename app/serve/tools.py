@@ -36,9 +36,9 @@ def forced_call_prefix(name: str | None) -> str:
     return OPEN + "\n" + json.dumps({"name": name})[:-1] + ', "arguments": '
 
 
-def call_grammar(tools: tuple[ToolSpec, ...], name: str | None) -> str | None:
-    """The Lark grammar of what follows a forced call's opening (module doc): one call to
-    `name`, or with None one or more calls to any of `tools`; None where llguidance cannot
+def call_grammar(tools: tuple[ToolSpec, ...], name: str | None, several: bool) -> str | None:
+    """The Lark grammar of what follows a forced call's opening (module doc): a call to `name`
+    (None: to any of `tools`), one or, given `several`, more; None where llguidance cannot
     compile it as a whole (a tool's parameters it cannot compile are left out: `_parameters`)."""
     calls = [
         {
@@ -50,7 +50,7 @@ def call_grammar(tools: tuple[ToolSpec, ...], name: str | None) -> str | None:
         for t in tools
         if name is None or t.name == name
     ]
-    one = name is not None
+    one = not several
     lines = ["start: call END?" if one else "start: call (NEXT call)* END?"]
     if not one:
         lines.append(f"NEXT: {json.dumps(chr(10) + CLOSE + chr(10) + OPEN + chr(10))}")
