@@ -8,9 +8,9 @@ what was accepted (a static cache: move `n`).
 Which drafts are kept is the acceptance rule (`acceptance`: Leviathan et al. 2023, Chen et al.
 2023), under which the output has exactly the target's distribution.
 
-Under a JSON schema the grammar takes part: the tokens it forces next (a key and its `": "`) are
-the round's draft before any drafter's, a deterministic draft is cut where the grammar stops
-allowing it, and each verify row is restricted as plain constrained decoding restricts its
+Under a JSON schema the grammar takes part: the tokens it forces next (a key's name) lead the
+round's draft and a drafter continues after them, a deterministic draft is cut where the grammar
+stops allowing it, and each verify row is restricted as plain constrained decoding restricts its
 logits, so a constrained reply is the same with or without drafting.
 
 Exactness rests on the target's `verify` rows being bit-identical to what `decode` would have
@@ -311,7 +311,8 @@ class SpeculativeDecoder:
         forced = shape.forced()[: min(limit, self.max_k)] if shape is not None else []
         room = min(limit, self.max_k) - len(forced)
         fit = partial(_fitting, shape=shape, before=forced)
-        found = self._proposal([*seq, *forced], sampler, room, fit) if room >= 1 else None
+        after = [*seq, *forced] if forced else seq
+        found = self._proposal(after, sampler, room, fit) if room >= 1 else None
         if found is None:
             return (None, Draft(forced, forced=len(forced))) if forced else None
         drafter, d = found
