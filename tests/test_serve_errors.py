@@ -209,6 +209,17 @@ def test_bad_input_gets_an_openai_error(
     assert len(engine.requests) == before, "a bad request must not reach the engine"
 
 
+def test_more_tools_than_openai_allows_is_a_400() -> None:
+    """129 tools (OpenAI's limit is 128; a forced call compiles each one's schema): refused
+    before the engine, naming the field."""
+    engine = ScriptedEngine()
+    with serving(engine) as (server, _):
+        r = httpx.post(server.url + "/v1/chat/completions", json=_chat(tools=[TOOL] * 129))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+    assert not engine.requests
+    assert "at most 128" in r.json()["error"]["message"]
+
+
 def test_oversized_body_and_unknown_routes(scripted_server: tuple[str, ScriptedEngine]) -> None:
     url, _ = scripted_server
     big = json.dumps(_chat(messages=[{"role": "user", "content": "x" * 5000}]))

@@ -26,6 +26,7 @@ from npuchat.engine.sampling_domain import sampling_problems
 
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 4  # `n`: one KV slot each on the CPU
+MAX_TOOLS = 128  # OpenAI's own limit; a forced call compiles each tool's schema (ms each)
 
 
 class ApiError(Exception):
@@ -243,7 +244,7 @@ class ChatCompletionIn(SamplingIn):
 
     messages: list[MessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    tools: list[ToolIn] | None = None
+    tools: list[ToolIn] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     continue_final_message: bool = False
