@@ -25,9 +25,15 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
         ),
         (CALL, "", [("get_weather", {"city": "Paris"})]),  # bare, as small models write it
         ('{"name": "rm_rf", "arguments": {}}', '{"name": "rm_rf", "arguments": {}}', []),
+        (  # a block naming a tool the request did not offer is text, not a made-up call
+            '<tool_call>{"name": "wear_toronto", "arguments": {}}</tool_call>',
+            '<tool_call>{"name": "wear_toronto", "arguments": {}}</tool_call>',
+            [],
+        ),
         ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
         ("a < b and <tool", "a < b and <tool", []),
         (f"<tool_call>{CALL}", "", [("get_weather", {"city": "Paris"})]),  # ended by EOS
+        ('<tool_call>{"name": "get_w', '<tool_call>{"name": "get_w', []),  # cut by max_tokens
         ("{}", "{}", []),
     ],
 )

@@ -4,8 +4,9 @@ Qwen2.5's template (and Hermes-style ones) tells the model to answer a tool requ
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; this module turns those blocks into
 OpenAI `tool_calls` and leaves the rest as content. Small models often drop the tags and
 answer with the bare object (qwen2.5-coder-0.5b does): a reply that is nothing but one such
-object naming one of the request's tools is a call too. A block whose JSON does not parse, or
-that lacks a name, stays text: a wrong tool call is worse than showing what the model wrote.
+object naming one of the request's tools is a call too. A block whose JSON does not parse, that
+lacks a name or that names a tool the request did not offer (the 0.5B model has called
+`wear_toronto`) stays text: a wrong tool call is worse than showing what the model wrote.
 
 A call the request forces (`tool_choice` "required" or a named function) is held to a grammar,
 as llama.cpp's server does: after the block's opening, a JSON object naming one of the tools
@@ -151,13 +152,15 @@ class ToolCallSplitter:
             return self.feed(rest) + self.flush()
         if self._inside:
             self._inside = False
-            return [self._block(rest)]
+            return [self._block(rest, closed=False)]
         return [Piece(rest)] if rest else []
 
-    @staticmethod
-    def _block(block: str) -> Piece:
+    def _block(self, block: str, closed: bool = True) -> Piece:
+        """A call, or the block as the model wrote it (an unclosed one without an end)."""
         call = parse_call(block.strip())
-        return Piece(call=call) if call is not None else Piece(OPEN + block + CLOSE)
+        if call is None or call.name not in self._names:
+            return Piece(OPEN + block + (CLOSE if closed else ""))
+        return Piece(call=call)
 
 
 def _partial_suffix(text: str, marker: str) -> int:
