@@ -31,7 +31,14 @@ if TYPE_CHECKING:
     import llguidance
     from llguidance._lib import JsonCompileOptions  # a type the stubs alone name
 
-__all__ = ["ANY_OBJECT", "Constraint", "constraint_for", "embedded_json", "grammar_problem"]
+__all__ = [
+    "ANY_OBJECT",
+    "Constraint",
+    "constraint_for",
+    "embedded_json",
+    "grammar_problem",
+    "prepare_vocabulary",
+]
 
 ANY_OBJECT = '{"type": "object"}'  # JSON mode's schema
 _OPTIONS: JsonCompileOptions = {"whitespace_pattern": "[ \t\n\r]{0,16}"}
@@ -72,6 +79,13 @@ def _vocab(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
             found = llguidance.LLTokenizer(wrapper, n_vocab=tokenizer.vocab_size, eos_token=ends)
             _VOCABS[tokenizer] = found
         return found
+
+
+def prepare_vocabulary(tokenizer: Tokenizer) -> None:
+    """Build the tokenizer's llguidance vocabulary now rather than in the first constrained
+    request (a server, which JSON and tool requests will come to, does it in the background
+    as it starts)."""
+    _vocab(tokenizer)
 
 
 def embedded_json(schema: dict[str, Any]) -> str:

@@ -6,12 +6,14 @@ import argparse
 import errno
 import socket
 import sys
+import threading
 from dataclasses import replace
 
 from rich.console import Console
 
 from npuchat.engine.devices import pick_device
 from npuchat.engine.errors import NpuchatError
+from npuchat.engine.grammar import prepare_vocabulary
 
 from ..context import AppContext
 from ..engine_factory import check_draft, open_concurrent_engine
@@ -60,6 +62,9 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
         # the engine runs batch_max replies at once and queues the rest itself
         app = create_app(engine, card, api_key=args.api_key, slots=None)
         server = Server(app, args.host, args.port, log_level="info")
+        # JSON mode, schemas and forced tool calls need it: ~1 s of the first one's otherwise
+        vocab = threading.Thread(target=prepare_vocabulary, args=(engine.tokenizer,), daemon=True)
+        vocab.start()
         print(
             f"npuchat: serving {model} ({card.context_length} tokens of context, "
             f"draft {card.draft or 'none'}, {card.device}, {engine.batch_max} replies at once) "
