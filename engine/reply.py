@@ -5,8 +5,9 @@ prefilled into `seq` (what was reused and what was run is in the arguments), and
 the logits after it into `Event`s until a stop, the length limit or a cancel. With a speculative
 decoder it advances by draft-and-verify rounds while `speculate()` allows (the concurrent engine
 allows it only while the sequence runs alone), otherwise by single decode steps. A request for
-log probabilities decodes by single steps: each token's comes from its own step's logits. One held
-to a JSON schema (`shape`) drafts too: the decoder checks drafts against the grammar.
+log probabilities drafts too (each token's comes from the verify row it was chosen from, which is
+what its own decode step would have given), and so does one held to a JSON schema (`shape`): the
+decoder checks drafts against the grammar.
 """
 
 from __future__ import annotations
@@ -93,19 +94,20 @@ def stream_reply(
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
     want = params.logprobs
-    spec = speculative if want is None else None
+    spec = speculative
 
-    def sample(logits: np.ndarray) -> tuple[int, tuple[TokenLogprob, ...]]:
-        """The next token and, when asked for, its log probability; -1: under a schema no
-        token fits (the reply ends)."""
-        if shape is None:
-            token = sampler.sample(logits)
-        else:
-            chosen = shape.choose(logits, sampler)
-            token = -1 if chosen is None else chosen
+    def logprob(logits: np.ndarray, token: int) -> tuple[TokenLogprob, ...]:
+        """`token`'s log probability under `logits` when asked for (the model's own)."""
         if want is None or token < 0:
-            return token, ()
-        return token, (token_logprob(logits, token, want, detok.piece),)
+            return ()
+        return (token_logprob(logits, token, want, detok.piece),)
+
+    def sample(logits: np.ndarray) -> int:
+        """The next token; -1: under a schema no token fits (the reply ends)."""
+        if shape is None:
+            return sampler.sample(logits)
+        chosen = shape.choose(logits, sampler)
+        return -1 if chosen is None else chosen
 
     if spec is not None:
         spec.new_reply()
@@ -138,9 +140,11 @@ def stream_reply(
         )
 
     stop: StopReason | None = None
-    # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache
-    first, probs = sample(logits)
-    queue = [first]
+    # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache;
+    # `probs[j]`: queue[j]'s log probability entries (computed at once: a model's output buffer
+    # is reused by its next step, which another request may run while this one waits)
+    first = sample(logits)
+    queue, probs = [first], [logprob(logits, first)]
     now = clock()
     while True:
         for j, token in enumerate(queue):
@@ -152,7 +156,7 @@ def stream_reply(
                 stop = "eos"
             else:
                 text, hit = stops.feed(detok.push(token))
-                yield TokenDelta(text, (token,), probs)
+                yield TokenDelta(text, (token,), probs[j])
                 if hit:
                     stop = "stop_string"
                 elif shape is not None and j == len(queue) - 1 and shape.done:
@@ -180,12 +184,12 @@ def stream_reply(
             break
         if spec is None or (speculate is not None and not speculate()):
             logits = seq.decode(token)
-            first, probs = sample(logits)
-            queue = [first]
+            first = sample(logits)
+            queue, probs = [first], [logprob(logits, first)]
         else:
             budget = params.max_tokens - generated
             _, queue = spec.advance(seq, token, sampler, budget, shape)
-            probs = ()  # (none asked for: `want` turns drafting off)
+            probs = [logprob(row, t) for row, t in zip(spec.last_logits, queue, strict=True)]
     # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
     # bytes of a half-sampled character are dropped, never stored as U+FFFD
     cut = stop is None or stop == "max_tokens"

@@ -197,6 +197,9 @@ class SpeculativeDecoder:
         self.costs = CostModel(self.max_k)
         self.stats = SpecStats()
         self._clock = clock
+        # the logits each token of the last round's `new` was chosen from (verify rows are
+        # what decode steps would have given: a drafted token's log probability is exact)
+        self.last_logits: list[np.ndarray] = []
 
     @property
     def name(self) -> str:
@@ -274,6 +277,7 @@ class SpeculativeDecoder:
             dt = self._clock() - t0
             self.costs.record_decode(dt)
             self.stats.target_s += dt
+            self.last_logits = [logits]
             return [pending], [token]
         drafter, d = draft
         t0 = self._clock()
@@ -283,6 +287,7 @@ class SpeculativeDecoder:
         else:
             n_acc, token, outcomes = accept_sampled(rows, d, sampler, shape)
         accepted = d.tokens[:n_acc]
+        self.last_logits = list(rows[: n_acc + 1])
         target.rollback(base + 1 + n_acc)
         dt = self._clock() - t0
         self.costs.record_verify(len(d.tokens) + 1, dt)

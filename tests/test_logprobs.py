@@ -55,7 +55,7 @@ def test_a_sampled_reply_carries_the_models_own_logprobs(path: Path, session: Ch
     """Sampled at temperature 0.7 with a lookup drafter that drafts every round it can: each
     token comes with its log probability under the model's logits at that step (the reference
     forward pass over the prompt and the reply, untouched by the temperature) and its three
-    likeliest alternatives; no token was drafted (a drafted token has no step of its own)."""
+    likeliest alternatives, drafted tokens too (from the verify rows they were chosen by)."""
     spec = SpeculativeDecoder(session.model, [LookupDrafter()], fixed_k=3)
     session.speculative = spec
     params = SamplingParams(temperature=0.7, seed=5, max_tokens=12, ignore_eos=True, logprobs=3)
@@ -64,7 +64,7 @@ def test_a_sampled_reply_carries_the_models_own_logprobs(path: Path, session: Ch
     ids = [t for d in deltas for t in d.ids]
     entries = [e for d in deltas for e in d.logprobs]
     assert len(ids) == 12 and [e.token for e in entries] == ids
-    assert spec.stats.drafted == 0
+    assert spec.stats.accepted > 0, spec.stats  # drafted tokens are among those checked
     cached = session.cached_tokens
     prompt = cached[: len(cached) - (len(ids) - 1)]
     logits = ReferenceModel(path).logits(prompt + ids[:-1])[len(prompt) - 1 :]
