@@ -107,7 +107,7 @@ def _ref(entry: Any) -> _Ref | None:
     except (KeyError, TypeError):
         return None
     ints = [*ref.dims, ref.offset, ref.length]
-    if not isinstance(ref.name, str) or ref.dtype not in _DTYPES:
+    if not isinstance(ref.name, str) or not isinstance(ref.dtype, str) or ref.dtype not in _DTYPES:
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
         return None

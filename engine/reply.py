@@ -141,8 +141,7 @@ def stream_reply(
 
     stop: StopReason | None = None
     # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache;
-    # `probs[j]`: queue[j]'s log probability entries (computed at once: a model's output buffer
-    # is reused by its next step, which another request may run while this one waits)
+    # `probs[j]`: queue[j]'s log probability entries, from the logits it was chosen by
     first = sample(logits)
     queue, probs = [first], [logprob(logits, first)]
     now = clock()

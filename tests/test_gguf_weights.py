@@ -174,12 +174,13 @@ def test_a_damaged_tensor_index_is_rebuilt_and_a_missing_one_refused(
         assert m._graph_cache.builds == 1
         np.testing.assert_array_equal(m.prefill(IDS), before)
     kernels = kernels_for(4).path
-    for damage in ("length", "dtype", "missing"):
+    damages = {"length": 7, "dtype": "object", "dims": "abc", "name": None}
+    for damage in (*damages, "unhashable dtype", "missing"):
         raw = json.loads(index.read_text())
         if damage == "missing":
             index.unlink()
         else:
-            raw["tensors"][-1][damage] = 7 if damage == "length" else "object"
+            raw["tensors"][-1][damage.split()[-1]] = damages.get(damage, [1])
             index.write_text(json.dumps(raw))
         with pytest.raises(NpuchatError, match="index of GGUF tensors") as err:
             runtime.create_session(graph, "cpu", 1, kernels, gguf)

@@ -61,8 +61,8 @@ def call_grammar(tools: tuple[ToolSpec, ...], name: str | None, several: bool) -
 
 
 def _parameters(tool: ToolSpec) -> object:
-    """A tool's parameters schema: any object where it gives none, or one llguidance cannot
-    compile (the name is still held to the tools offered)."""
+    """A tool's parameters schema: any object where it gives none, any JSON value where
+    llguidance cannot compile it (the call's name is still held to the tools offered)."""
     try:
         schema = json.loads(tool.parameters)
     except ValueError:
