@@ -175,8 +175,9 @@ def test_a_damaged_tensor_index_is_rebuilt_and_a_missing_one_refused(
         np.testing.assert_array_equal(m.prefill(IDS), before)
     kernels = kernels_for(4).path
     damages = {"length": 7, "dtype": "object", "dims": "abc", "name": None}
+    pristine = index.read_text()
     for damage in (*damages, "unhashable dtype", "missing"):
-        raw = json.loads(index.read_text())
+        raw = json.loads(pristine)  # one damage at a time
         if damage == "missing":
             index.unlink()
         else:
