@@ -35,6 +35,10 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
         (f"<tool_call>{CALL}", "", [("get_weather", {"city": "Paris"})]),  # ended by EOS
         ('<tool_call>{"name": "get_w', '<tool_call>{"name": "get_w', []),  # cut by max_tokens
         ("{}", "{}", []),
+        (f"```json\n{CALL}\n```", "", [("get_weather", {"city": "Paris"})]),  # fenced
+        ('```json\n{"a": 1}\n```', '```json\n{"a": 1}\n```', []),
+        ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
+        ("`x` ``", "`x` ``", []),
     ],
 )
 def test_split_whole_and_streamed(

@@ -3,10 +3,11 @@
 Qwen2.5's template (and Hermes-style ones) tells the model to answer a tool request with
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; this module turns those blocks into
 OpenAI `tool_calls` and leaves the rest as content. Small models often drop the tags and
-answer with the bare object (qwen2.5-coder-0.5b does): a reply that is nothing but one such
-object naming one of the request's tools is a call too. A block whose JSON does not parse, that
-lacks a name or that names a tool the request did not offer (the 0.5B model has called
-`wear_toronto`) stays text: a wrong tool call is worse than showing what the model wrote.
+answer with the bare object, or with it in a json code block (qwen2.5-coder-0.5b does both): a
+reply that is nothing but one such object naming one of the request's tools, bare or fenced, is
+a call too. A block whose JSON does not parse, that lacks a name or that names a tool the
+request did not offer (the 0.5B model has called `wear_toronto`) stays text: a wrong tool call
+is worse than showing what the model wrote.
 
 A call the request forces (`tool_choice` "required" or a named function) is held to a grammar,
 as llama.cpp's server does: after the block's opening, a JSON object naming one of the tools
@@ -19,6 +20,7 @@ written in for it (`forced_call_prefix`).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -26,6 +28,8 @@ from npuchat.engine.events import ToolCall, ToolSpec
 from npuchat.engine.grammar import embedded_json, grammar_problem
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+FENCE = "```json"
+_FENCED = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 
 def forced_call_prefix(name: str | None) -> str:
@@ -101,8 +105,8 @@ class ToolCallSplitter:
     """Splits streamed reply text into content and tool calls as the text arrives.
 
     Text that could be the start of `<tool_call>` is held back until it is clearly not;
-    inside a block everything waits for `</tool_call>`. A reply that opens with `{` is held
-    whole: it may be a bare call, known only at its end.
+    inside a block everything waits for `</tool_call>`. A reply that opens with `{` or with a
+    json code block is held whole: it may be a bare call, known only at its end.
     """
 
     def __init__(self, names: frozenset[str] = frozenset()) -> None:
@@ -113,8 +117,9 @@ class ToolCallSplitter:
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
-        if self._bare is None and self._buffer.strip():
-            self._bare = self._buffer.lstrip().startswith("{")
+        head = self._buffer.lstrip()
+        if self._bare is None and head and not FENCE.startswith(head):
+            self._bare = head.startswith(("{", FENCE))
         if self._bare is not False:
             return []
         out: list[Piece] = []
@@ -144,9 +149,10 @@ class ToolCallSplitter:
     def flush(self) -> list[Piece]:
         """The end of the reply: an unclosed block is still a call if its JSON is whole."""
         rest, self._buffer = self._buffer, ""
-        if self._bare:
+        if self._bare is not False:
             self._bare = False
-            call = parse_call(rest.strip())
+            fenced = _FENCED.fullmatch(rest.strip())
+            call = parse_call(fenced.group(1) if fenced else rest.strip())
             if call is not None and call.name in self._names:
                 return [Piece(call=call)]
             return self.feed(rest) + self.flush()
