@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bench_report import Figure, Machine, ModeFigures
+from .cpu_info import cpu_model_and_flags
 from .errors import NpuchatError
 from .events import ChatMessage, ChatRequest, Failed, Finished, SamplingParams, TokenDelta
 from .model import Model
@@ -40,28 +41,6 @@ def peak_rss_bytes() -> int | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB
-
-
-# The instruction sets that decide which kernels run, ours and llama.cpp's (/proc/cpuinfo names).
-SIMD_FLAGS = (
-    "sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
-    "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "asimd", "asimddp", "i8mm", "sve",
-)  # fmt: skip
-
-
-def cpu_model_and_flags(cpuinfo: str) -> tuple[str | None, list[str]]:
-    """The first CPU's model name and its SIMD flags (in `SIMD_FLAGS` order) from /proc/cpuinfo
-    text: two machines with the same core count can run different kernels (AVX2 or AVX-512)."""
-    name: str | None = None
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and name is None:
-            name = value.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = set(value.split())
-    return name, [f for f in SIMD_FLAGS if f in flags]
 
 
 def machine_info() -> Machine:

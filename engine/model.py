@@ -52,6 +52,7 @@ class Model:
     path: Path
     device: str
     batch_max: int  # KV slots: sequences the cache holds side by side
+    threads: int | None  # the sessions' threads as asked (None: ONNX Runtime's choice)
     prefill_chunk: int
     verify_k: int
 
@@ -101,7 +102,7 @@ class Model:
         kv_dtype = resolve_kv_dtype(kv_dtype, device, native)
         self = cls()
         self.path = Path(gguf_path).expanduser().resolve()
-        self.device, self.batch_max = device, int(batch_max)
+        self.device, self.batch_max, self.threads = device, int(batch_max), threads
         self.prefill_chunk, self.verify_k = int(prefill_chunk), int(verify_k)
         self._gguf = GGUFFile(self.path)
         try:

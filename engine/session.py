@@ -20,6 +20,8 @@ from functools import partial
 from pathlib import Path
 
 from .chat_template import ChatTemplate
+from .cost_memory import recall, remember
+from .cpu_info import machine_identity
 from .drafters import Drafter
 from .errors import InvalidRequestError, NpuchatError, RequestCancelled
 from .events import (
@@ -62,8 +64,10 @@ class ChatSession:
         prefix_dir: Path | None = None,
         options: SessionOptions | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        costs_dir: Path | None = None,
     ) -> None:
         self.model = model
+        self._costs_dir = costs_dir  # the cost model's start figures (`cost_memory`)
         self.tokenizer = tokenizer
         self._name = name
         self._device = device
@@ -130,6 +134,7 @@ class ChatSession:
             device=device,
             prefix_dir=cache_dir / "prefixes",
             options=options,
+            costs_dir=cache_dir / "speculation",
         )
 
     # ChatEngine protocol
@@ -152,9 +157,16 @@ class ChatSession:
         self.speculative = self.make_decoder(drafters, **kw) if drafters else None
 
     def make_decoder(self, drafters: Seq[Drafter], **kw: object) -> SpeculativeDecoder:
-        """A speculative decoder over this session's model, its cost model calibrated."""
+        """A speculative decoder over this session's model, its cost model calibrated (or
+        given what the last start on this machine measured: `cost_memory`)."""
         decoder = SpeculativeDecoder(self.model, drafters, **kw)  # type: ignore[arg-type]
-        decoder.calibrate(self.seq)
+        where = self._costs_dir
+        m = self.model
+        key = f"{m.graph_dir.name} threads={m.threads} k={decoder.max_k} {machine_identity()}"
+        if where is None or not recall(decoder.costs, where, key):
+            decoder.calibrate(self.seq)
+            if where is not None:
+                remember(decoder.costs, where, key)
         return decoder
 
     @contextmanager

@@ -24,7 +24,7 @@ from npuchat.engine.bench_speed import (
     read_speed_run,
     summarize,
 )
-from npuchat.engine.bench_timers import cpu_model_and_flags
+from npuchat.engine.cpu_info import cpu_model_and_flags
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.llama_bench import run_llama_bench
 

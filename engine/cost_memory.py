@@ -1,0 +1,74 @@
+"""The speculation cost model's start figures, remembered per model, graphs, threads and machine.
+
+A start measures a decode step and the widest verify steps before the first reply
+(`SpeculativeDecoder.calibrate`: seven model steps, ~0.5 s of a 1.5B start on a 2-core
+machine), so that the first rounds choose their draft length from measured costs. What the last
+start on the same machine measured serves as well: the cost model keeps the lower quartile of
+its recent samples and every step a reply runs adds one, so start figures only steer the first
+rounds either way. A file that does not hold together, or that was measured for another model,
+graph set, thread count, draft length or CPU, is measured again and rewritten; a cache that
+cannot be written only costs the measurement next time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .speculative import CostModel
+
+__all__ = ["recall", "remember"]
+
+_LONGEST_S = 60.0  # no step takes longer: a figure beyond it is damage, not a measurement
+
+
+def _path(folder: Path, key: str) -> Path:
+    return folder / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+
+def _seconds(value: Any) -> float | None:
+    ok = isinstance(value, float) and math.isfinite(value) and 0 < value < _LONGEST_S
+    return value if ok else None
+
+
+def recall(costs: CostModel, folder: Path, key: str) -> bool:
+    """Give `costs` the figures remembered for `key`; False when there are none to trust."""
+    try:
+        raw = json.loads(_path(folder, key).read_text())
+        decode, verify = _seconds(raw["decode_s"]), raw["verify_s"]
+        widths = {int(w): _seconds(t) for w, t in verify.items()}
+        ok = raw["key"] == key and decode is not None and bool(widths)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if not ok or any(not 2 <= w <= costs.max_k + 1 or t is None for w, t in widths.items()):
+        return False
+    costs.record_decode(decode)  # type: ignore[arg-type]
+    for width, t in sorted(widths.items()):
+        costs.record_verify(width, t)  # type: ignore[arg-type]
+    return True
+
+
+def remember(costs: CostModel, folder: Path, key: str) -> None:
+    """Keep `costs`' current figures for the next start under `key` (written whole or not at
+    all)."""
+    if costs.t_dec is None or not costs.t_ver:
+        return
+    text = json.dumps(
+        {
+            "key": key,
+            "decode_s": costs.t_dec,
+            "verify_s": {str(w): t for w, t in sorted(costs.t_ver.items())},
+        }
+    )
+    path = _path(folder, key)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
