@@ -24,6 +24,7 @@ from .speculative import CostModel
 __all__ = ["recall", "remember"]
 
 _LONGEST_S = 60.0  # no step takes longer: a figure beyond it is damage, not a measurement
+_LARGEST = 1 << 16  # bytes: a file of figures is ~200; a bigger one is not read
 
 
 def _path(folder: Path, key: str) -> Path:
@@ -37,8 +38,11 @@ def _seconds(value: Any) -> float | None:
 
 def recall(costs: CostModel, folder: Path, key: str) -> bool:
     """Give `costs` the figures remembered for `key`; False when there are none to trust."""
+    path = _path(folder, key)
     try:
-        raw = json.loads(_path(folder, key).read_text())
+        if path.stat().st_size > _LARGEST:
+            return False
+        raw = json.loads(path.read_text())
         decode, verify = _seconds(raw["decode_s"]), raw["verify_s"]
         widths = {int(w): _seconds(t) for w, t in verify.items()}
         ok = raw["key"] == key and decode is not None and bool(widths)

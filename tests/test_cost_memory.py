@@ -56,6 +56,8 @@ def test_a_second_start_recalls_the_figures(
         assert json.loads(kept.read_text())["decode_s"] > 0  # and rewritten whole
     kept.write_text("{not json")
     assert _start(path, cache, monkeypatch)[0] == measured
+    kept.write_text(json.dumps(raw | {"padding": "x" * 70_000}))  # not read: too big to be ours
+    assert _start(path, cache, monkeypatch)[0] == measured
     monkeypatch.setattr(session_module, "machine_identity", lambda: "another CPU")
     elsewhere, _ = _start(path, cache, monkeypatch)
     assert elsewhere == measured
