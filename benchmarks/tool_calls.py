@@ -20,7 +20,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import openai
 
@@ -30,49 +29,10 @@ from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.drafters import LookupDrafter
 from npuchat.engine.session import ChatSession
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from serve_load import model_path  # (a sibling script)
-
-ASKS = (
-    "Wake me up at half past seven for my flight.",
-    "Remind me in ten minutes to take the pizza out.",
-    "Is it cold in Reykjavik right now?",
-    "Set something for 6:15 am, gym.",
-    "What should I wear in Tokyo today?",
-)
-
-
-def _int(low: int, high: int | None = None) -> dict[str, Any]:
-    return {"type": "integer", "minimum": low} | ({} if high is None else {"maximum": high})
-
-
-def _tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:
-    parameters = {"type": "object", "properties": properties, "required": list(properties)}
-    parameters["additionalProperties"] = False
-    return {"type": "function", "function": {"name": name, "parameters": parameters}}
-
-
-TEXT = {"type": "string"}
-TOOLS = [
-    _tool("set_alarm", {"hour": _int(0, 23), "minute": _int(0, 59), "label": TEXT}),
-    _tool("start_timer", {"seconds": _int(1)}),
-    _tool("get_weather", {"city": TEXT, "unit": {"enum": ["celsius", "fahrenheit"]}}),
-]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-
-
-def fits(value: Any, schema: dict[str, Any]) -> bool:
-    """The parts of JSON Schema `TOOLS` uses."""
-    if "enum" in schema:
-        return value in schema["enum"]
-    if schema["type"] == "object":
-        props = schema["properties"]
-        keys_ok = isinstance(value, dict) and set(value) == set(props)
-        return keys_ok and all(fits(value[k], props[k]) for k in props)
-    if schema["type"] == "integer":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return ok and schema.get("minimum", value) <= value <= schema.get("maximum", value)
-    return isinstance(value, str)
+from tool_asks import ASKS, SCHEMAS, TOOLS, fits  # (what the real-model test asks too)
 
 
 @contextmanager

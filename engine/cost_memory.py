@@ -5,9 +5,11 @@ A start measures a decode step and the widest verify steps before the first repl
 machine), so that the first rounds choose their draft length from measured costs. What the last
 start on the same machine measured serves as well: the cost model keeps the lower quartile of
 its recent samples and every step a reply runs adds one, so start figures only steer the first
-rounds either way. A file that does not hold together, or that was measured for another model,
-graph set, thread count, draft length or CPU, is measured again and rewritten; a cache that
-cannot be written only costs the measurement next time.
+rounds either way. But a verify width a reply never uses is never measured again, so figures
+older than a day are measured again too (a machine's load changes: one measured while it was
+busy would otherwise keep long drafts off). A file that does not hold together, or that was
+measured for another model, graph set, thread count, draft length or CPU, is measured again and
+rewritten; a cache that cannot be written only costs the measurement next time.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ __all__ = ["recall", "remember"]
 
 _LONGEST_S = 60.0  # no step takes longer: a figure beyond it is damage, not a measurement
 _LARGEST = 1 << 16  # bytes: a file of figures is ~200; a bigger one is not read
+_FRESH_S = 24 * 3600.0  # older figures are measured again
 
 
 def _path(folder: Path, key: str) -> Path:
@@ -40,7 +44,8 @@ def recall(costs: CostModel, folder: Path, key: str) -> bool:
     """Give `costs` the figures remembered for `key`; False when there are none to trust."""
     path = _path(folder, key)
     try:
-        if path.stat().st_size > _LARGEST:
+        st = path.stat()
+        if st.st_size > _LARGEST or not 0 <= time.time() - st.st_mtime < _FRESH_S:
             return False
         raw = json.loads(path.read_text())
         decode, verify = _seconds(raw["decode_s"]), raw["verify_s"]

@@ -37,6 +37,7 @@ __all__ = [
     "constraint_for",
     "embedded_json",
     "grammar_problem",
+    "next_token",
     "prepare_vocabulary",
 ]
 
@@ -171,7 +172,7 @@ class Constraint:
         return int(self._matcher.validate_tokens(tokens))
 
     def forced(self) -> list[int]:
-        """The tokens the grammar alone decides next (a key, `": "`), in llguidance's
+        """The tokens the grammar alone decides next (a key's name), in llguidance's
         tokenization of them; the model may still choose another tokenization of the same text,
         so these are drafts to verify, not tokens to append."""
         return [int(t) for t in self._matcher.compute_ff_tokens()]
@@ -184,3 +185,12 @@ class Constraint:
             return None
         token = sampler.sample(masked)
         return token if self.consume(token) else None
+
+
+def next_token(logits: np.ndarray, sampler: Sampler, shape: Constraint | None) -> int:
+    """The next token as `sampler` draws it, among those `shape` allows when there is one;
+    -1 where none fits (the matcher failed: the reply ends)."""
+    if shape is None:
+        return sampler.sample(logits)
+    chosen = shape.choose(logits, sampler)
+    return -1 if chosen is None else chosen

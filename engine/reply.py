@@ -29,7 +29,7 @@ from .events import (
     TokenDelta,
     TokenLogprob,
 )
-from .grammar import Constraint
+from .grammar import Constraint, next_token
 from .logprobs import token_logprob
 from .sampler import Sampler
 from .sequence import Sequence
@@ -94,7 +94,6 @@ def stream_reply(
     sampler = Sampler(params, ids)
     stops = StopMatcher(params.stop)
     want = params.logprobs
-    spec = speculative
 
     def logprob(logits: np.ndarray, token: int) -> tuple[TokenLogprob, ...]:
         """`token`'s log probability under `logits` when asked for (the model's own)."""
@@ -102,15 +101,8 @@ def stream_reply(
             return ()
         return (token_logprob(logits, token, want, detok.piece),)
 
-    def sample(logits: np.ndarray) -> int:
-        """The next token; -1: under a schema no token fits (the reply ends)."""
-        if shape is None:
-            return sampler.sample(logits)
-        chosen = shape.choose(logits, sampler)
-        return -1 if chosen is None else chosen
-
-    if spec is not None:
-        spec.new_reply()
+    if speculative is not None:
+        speculative.new_reply()
     generated = 0
     t_first = 0.0
     last_emit = 0.0
@@ -126,9 +118,9 @@ def stream_reply(
             kv_capacity=seq.capacity,
             kv_bytes=seq.model.kv_bytes,
         )
-        if spec is None:
+        if speculative is None:
             return m
-        st = spec.stats
+        st = speculative.stats
         return replace(
             m,
             drafted=st.drafted,
@@ -136,13 +128,13 @@ def stream_reply(
             mean_accepted_len=st.mean_accepted_len,
             draft_k=st.k,
             draft_time_share=st.draft_time_share,
-            draft=spec.name,
+            draft=speculative.name,
         )
 
     stop: StopReason | None = None
     # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache;
     # `probs[j]`: queue[j]'s log probability entries, from the logits it was chosen by
-    first = sample(logits)
+    first = next_token(logits, sampler, shape)
     queue, probs = [first], [logprob(logits, first)]
     now = clock()
     while True:
@@ -181,14 +173,15 @@ def stream_reply(
             yield MetricsUpdate(current(now))
         if cancel.is_set():
             break
-        if spec is None or (speculate is not None and not speculate()):
+        if speculative is None or (speculate is not None and not speculate()):
             logits = seq.decode(token)
-            first = sample(logits)
+            first = next_token(logits, sampler, shape)
             queue, probs = [first], [logprob(logits, first)]
         else:
             budget = params.max_tokens - generated
-            _, queue = spec.advance(seq, token, sampler, budget, shape)
-            probs = [logprob(row, t) for row, t in zip(spec.last_logits, queue, strict=True)]
+            _, queue = speculative.advance(seq, token, sampler, budget, shape)
+            rows = speculative.last_logits
+            probs = [logprob(row, t) for row, t in zip(rows, queue, strict=True)]
     # a reply cut short (stopped, or at max_tokens) ends at a character boundary: the
     # bytes of a half-sampled character are dropped, never stored as U+FFFD
     cut = stop is None or stop == "max_tokens"

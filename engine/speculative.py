@@ -38,7 +38,7 @@ import numpy as np
 
 from .acceptance import accept_greedy, accept_sampled
 from .drafters import Draft, Drafter, RecentTimes, ema
-from .grammar import Constraint
+from .grammar import Constraint, next_token
 from .model import Model
 from .sampler import Sampler, is_greedy
 from .sequence import Sequence
@@ -269,11 +269,7 @@ class SpeculativeDecoder:
             self.stats.k = 0
             t0 = self._clock()
             logits = target.decode(pending)
-            if shape is None:
-                token = sampler.sample(logits)
-            else:
-                chosen = shape.choose(logits, sampler)
-                token = -1 if chosen is None else chosen
+            token = next_token(logits, sampler, shape)
             dt = self._clock() - t0
             self.costs.record_decode(dt)
             self.stats.target_s += dt

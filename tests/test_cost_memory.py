@@ -1,10 +1,12 @@
 """The speculation cost model's start figures are measured once per model, graphs, threads and
 machine: a second start on the same cache takes them from disk (no model step spent), and a
-file that is damaged, or was measured on another CPU, is measured again."""
+file that is damaged, a day old or was measured on another CPU is measured again."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +60,10 @@ def test_a_second_start_recalls_the_figures(
     assert _start(path, cache, monkeypatch)[0] == measured
     kept.write_text(json.dumps(raw | {"padding": "x" * 70_000}))  # not read: too big to be ours
     assert _start(path, cache, monkeypatch)[0] == measured
+    day_old = time.time() - 25 * 3600
+    os.utime(kept, (day_old, day_old))
+    assert _start(path, cache, monkeypatch)[0] == measured
+    assert _start(path, cache, monkeypatch)[0] == 0  # rewritten: fresh again
     monkeypatch.setattr(session_module, "machine_identity", lambda: "another CPU")
     elsewhere, _ = _start(path, cache, monkeypatch)
     assert elsewhere == measured

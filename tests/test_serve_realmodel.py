@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from serve_helpers import serving
+from tool_asks import ASKS, SCHEMAS, TOOLS, fits
 
 from npuchat.engine.events import (
     ChatMessage,
@@ -176,64 +177,17 @@ def test_qwen_json_mode_answers_with_one_json_object(
     assert cat["colors"] and all(isinstance(c, str) for c in cat["colors"])
 
 
-def _tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:
-    parameters = {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-    return {"type": "function", "function": {"name": name, "parameters": parameters}}
-
-
-def _int(low: int, high: int | None = None) -> dict[str, Any]:
-    return {"type": "integer", "minimum": low} | ({} if high is None else {"maximum": high})
-
-
-TEXT = {"type": "string"}
-TOOLS = [
-    _tool("set_alarm", {"hour": _int(0, 23), "minute": _int(0, 59), "label": TEXT}),
-    _tool("start_timer", {"seconds": _int(1)}),
-    _tool("get_weather", {"city": TEXT, "unit": {"enum": ["celsius", "fahrenheit"]}}),
-]
-
-
-def _fits(value: Any, schema: dict[str, Any]) -> bool:
-    """The parts of JSON Schema `TOOLS` uses: objects with required, closed properties;
-    bounded integers, strings and enums."""
-    if "enum" in schema:
-        return value in schema["enum"]
-    if schema["type"] == "object":
-        props = schema["properties"]
-        return (
-            isinstance(value, dict)
-            and set(value) == set(props)
-            and all(_fits(value[k], props[k]) for k in props)
-        )
-    if schema["type"] == "integer":
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        return ok and schema.get("minimum", value) <= value <= schema.get("maximum", value)
-    return isinstance(value, str)
-
-
 def test_qwen_forced_calls_follow_the_tools_schemas(
     real_gguf: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """`tool_choice: "required"` with three tools: every reply is a call to one of them whose
     arguments have exactly the parameters' keys, types and ranges (held to a grammar, as
-    llama.cpp's server holds it). Left to itself on these prompts (measured by hand), the
-    0.5B model called a tool nobody offered ("wear_toronto") or ran out of tokens in a block."""
+    llama.cpp's server holds it). Left to itself on these asks (`benchmarks/tool_calls.py`),
+    the 0.5B model called a tool nobody offered or ran out of tokens in a block."""
     session = _open(real_gguf("qwen2.5-coder-0.5b"), tmp_path / "cache", "qwen2.5-coder-0.5b")
-    asks = [
-        "Wake me up at half past seven for my flight.",
-        "Remind me in ten minutes to take the pizza out.",
-        "Is it cold in Reykjavik right now?",
-        "What should I wear in Tokyo today?",
-    ]
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     try:
         with serving(session, context_length=512) as (_, client):
-            for ask in asks:
+            for ask in ASKS:
                 r = client.chat.completions.create(
                     model="qwen2.5-coder-0.5b",
                     messages=[{"role": "user", "content": ask}],
@@ -246,6 +200,6 @@ def test_qwen_forced_calls_follow_the_tools_schemas(
                 assert choice.finish_reason == "tool_calls", (ask, choice.message.content)
                 for call in choice.message.tool_calls or []:
                     name, args = call.function.name, json.loads(call.function.arguments)  # type: ignore[union-attr]
-                    assert name in schemas and _fits(args, schemas[name]), (ask, name, args)
+                    assert name in SCHEMAS and fits(args, SCHEMAS[name]), (ask, name, args)
     finally:
         session.close()
