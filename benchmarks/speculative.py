@@ -14,7 +14,8 @@ time after it (the draft's catch-up prefill is inside that time); `e2e` is all t
 whole request.
 
 `extract` asks for an order as JSON held to a schema (structured outputs): there the grammar's
-forced tokens (keys, punctuation) are drafted before any drafter's; `forced` is that alone.
+forced tokens (each key's name) lead the draft and a drafter continues after them; `forced`
+is the grammar's alone.
 
 A script that prints figures, not a test: nothing here asserts.
 """
@@ -159,7 +160,9 @@ def main() -> None:
             runs = []
             with session.decoding_with(decoders[mode]):
                 for _ in range(args.repeat):
-                    session.seq.rollback(0)  # every run prefills the prompt itself (same start)
+                    # every run starts from an empty row (what the store keeps, the system
+                    # prompt's rows, is reused alike by every run)
+                    session.seq.rollback(0)
                     runs.append(_run(session, pname, args.tokens))
             ids, r = max(runs, key=lambda run: run[1]["tps"])
             if reference is None:
