@@ -62,7 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="where the model runs")
     add_kv_dtype_argument(parser, "kv_dtype")
     parser.add_argument("--server", help="chat with an OpenAI-compatible server at this URL")
-    parser.add_argument("--api-key", dest="server_api_key", help="the server's API key")
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key-file",
+        dest="server_api_key_file",
+        metavar="FILE",
+        help="the server's API key: FILE's first (also: NPUCHAT_API_KEY)",
+    )
+    key.add_argument(
+        "--api-key", dest="server_api_key", help="the server's API key (shows in `ps`)"
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("paths", help="show where npuchat keeps config, data, cache and models")

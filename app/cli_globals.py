@@ -21,6 +21,7 @@ GLOBAL_FLAGS = {
     "kv_dtype": "--kv-dtype",
     "server": "--server",
     "server_api_key": "--api-key",
+    "server_api_key_file": "--api-key-file",
 }
 
 # command: {dest before the command: the command's own dest for the same option}
@@ -52,6 +53,10 @@ OTHER_MEANING = {
     ("doctor", "device"): "put it after `doctor`, where it names the device to report on",
     ("serve", "server_api_key"): (
         "that one is the key for `--server`; `npuchat serve --api-key KEY` sets the key "
+        "clients must send"
+    ),
+    ("serve", "server_api_key_file"): (
+        "that one is the key for `--server`; `npuchat serve --api-key-file FILE` sets the keys "
         "clients must send"
     ),
 }

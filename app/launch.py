@@ -12,6 +12,7 @@ from dataclasses import replace
 from rich.console import Console
 
 from npuchat.engine.devices import pick_device
+from npuchat.engine.errors import NpuchatError
 
 from .context import AppContext
 from .engine_factory import check_draft, make_loader
@@ -32,12 +33,16 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
         device=args.device or ctx.settings.device,
     )
     if args.server:  # a served engine: nothing to pull or load here
+        from .api_keys import api_keys
         from .openai_engine import base_url, remote_loader
 
         base_url(args.server)  # a malformed URL fails here, before the screen opens
-        loader = remote_loader(args.server, args.server_api_key, args.model)
+        keys = api_keys(args.server_api_key, args.server_api_key_file)
+        loader = remote_loader(args.server, keys[0] if keys else None, args.model)
         models = None  # the server knows its models; the picker offers the local catalog
     else:
+        if args.server_api_key is not None or args.server_api_key_file is not None:
+            raise NpuchatError("--api-key is the key for --server URL; give the server too")
         ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
         check_draft(settings.draft)
         pick_device(settings.device)

@@ -26,7 +26,7 @@ def serving(
     try:
         client = openai.OpenAI(
             base_url=server.url + "/v1",
-            api_key=kw.get("api_key") or "unused",
+            api_key=(kw.get("api_keys") or ("unused",))[0],
             timeout=30.0,
             max_retries=0,
         )

@@ -155,7 +155,7 @@ def test_server_refusals_become_failed_events() -> None:
 def test_unreachable_server_and_wrong_key_are_one_line_errors() -> None:
     with pytest.raises(NpuchatError, match="cannot reach"):
         OpenAIEngine("http://127.0.0.1:9")
-    with serving(ScriptedEngine(), api_key="k") as (server, _):
+    with serving(ScriptedEngine(), api_keys=("k",)) as (server, _):
         with pytest.raises(NpuchatError, match="--api-key"):
             OpenAIEngine(server.url)
         with pytest.raises(NpuchatError, match="does not serve"):

@@ -353,7 +353,7 @@ def test_models_health_and_metrics() -> None:
 
 def test_api_key_is_required_when_set() -> None:
     engine = ScriptedEngine()
-    with serving(engine, api_key="s3cret") as (server, client):
+    with serving(engine, api_keys=("s3cret",)) as (server, client):
         assert client.chat.completions.create(model=MODEL, messages=USER).choices  # type: ignore[arg-type]
         wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="s3cre", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -396,7 +396,7 @@ def test_a_request_without_a_model_is_answered_by_the_served_one() -> None:
 def test_the_api_at_the_root_as_llama_server_serves_it() -> None:
     """A client given the address without /v1 works, and the key guards those paths too."""
     engine = ScriptedEngine([ScriptedReply(["Hello"])])
-    with serving(engine, api_key="k") as (server, _):
+    with serving(engine, api_keys=("k",)) as (server, _):
         bare = openai.OpenAI(base_url=server.url, api_key="k", max_retries=0)
         assert (
             bare.chat.completions.create(model=MODEL, messages=USER).choices[0].message.content

@@ -21,7 +21,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_kv_dtype_argument(p, "serve_kv_dtype")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (needed beyond loopback)")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="require 'Authorization: Bearer KEY' with a key from FILE, one a line (needed "
+        "beyond loopback; also: NPUCHAT_API_KEY)",
+    )
+    key.add_argument(
+        "--api-key", help="as --api-key-file, but the key shows in `ps` to every user here"
+    )
     p.add_argument(
         "--max-queue",
         type=int,

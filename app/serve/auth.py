@@ -12,6 +12,7 @@ import ipaddress
 
 from npuchat.engine.errors import NpuchatError
 
+from ..api_keys import ENV_VAR
 from .schema import ApiError
 
 OPEN_PATHS = frozenset({"/health"})
@@ -26,22 +27,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, api_key: str | None) -> None:
+def check_bind(host: str, api_keys: tuple[str, ...]) -> None:
     """Refuse to serve beyond this machine without a key."""
-    if not is_loopback(host) and not api_key:
+    if not is_loopback(host) and not api_keys:
         raise NpuchatError(
-            f"--host {host} is reachable from other machines; give --api-key KEY (clients send "
-            "it as a Bearer token), or serve on 127.0.0.1"
+            f"--host {host} is reachable from other machines; give --api-key-file FILE (or "
+            f"{ENV_VAR}; clients send the key as a Bearer token), or serve on 127.0.0.1"
         )
 
 
-def check_request(path: str, authorization: str | None, api_key: str | None) -> None:
-    """Raise a 401 ApiError unless the request carries `Authorization: Bearer <api_key>`."""
-    if not api_key or path in OPEN_PATHS:
+def check_request(path: str, authorization: str | None, api_keys: tuple[str, ...]) -> None:
+    """Raise a 401 ApiError unless the request carries `Authorization: Bearer <key>` with one
+    of `api_keys` (each compared, so the time says nothing of which one matched)."""
+    if not api_keys or path in OPEN_PATHS:
         return
     scheme, _, token = (authorization or "").partition(" ")
     given = token.strip().encode() if scheme.lower() == "bearer" else b""
-    if not hmac.compare_digest(given, api_key.encode()):
+    matched = [hmac.compare_digest(given, key.encode()) for key in api_keys]
+    if not any(matched):
         raise ApiError(
             401,
             "missing or wrong API key: send the header 'Authorization: Bearer <key>'",

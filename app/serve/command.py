@@ -15,6 +15,7 @@ from npuchat.engine.devices import pick_device
 from npuchat.engine.errors import NpuchatError
 from npuchat.engine.grammar import prepare_vocabulary
 
+from ..api_keys import api_keys
 from ..context import AppContext
 from ..engine_factory import check_draft, open_concurrent_engine
 from ..engine_port import EngineSpec
@@ -40,7 +41,8 @@ def _check_port(host: str, port: int) -> None:
 def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise NpuchatError("--max-queue: give 0 or more")
-    check_bind(args.host, args.api_key)
+    keys = api_keys(args.api_key, args.api_key_file)
+    check_bind(args.host, keys)
     _check_port(args.host, args.port)
     model = args.serve_model or ctx.settings.model
     draft = ctx.settings.draft if args.serve_draft is None else args.serve_draft
@@ -60,7 +62,7 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     try:
         card = ServedModel(model, engine.model.max_capacity, engine.draft_name, engine.device)
         # the engine runs batch_max replies at once and queues the rest itself
-        app = create_app(engine, card, api_key=args.api_key, slots=None)
+        app = create_app(engine, card, api_keys=keys, slots=None)
         server = Server(app, args.host, args.port, log_level="info")
         # JSON mode, schemas and forced tool calls need it: ~1 s of the first one's otherwise
         vocab = threading.Thread(target=prepare_vocabulary, args=(engine.tokenizer,), daemon=True)
@@ -69,7 +71,8 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
             f"npuchat: serving {model} ({card.context_length} tokens of context, "
             f"draft {card.draft or 'none'}, {card.device}, {engine.batch_max} replies at once) "
             f"at {server.url_for(args.port)}/v1"
-            f"{'' if args.api_key else ' (no API key)'}; Ctrl+C stops",
+            f"{'' if keys else ' (no API key: any user of this machine may use it)'}; "
+            "Ctrl+C stops",
             file=sys.stderr,
         )
         server.run()

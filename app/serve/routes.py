@@ -50,7 +50,7 @@ class Service:
     model: ServedModel
     admission: Admission
     metrics: ServerMetrics
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     max_body_bytes: int = MAX_BODY_BYTES
     started: float = 0.0
 

@@ -54,7 +54,7 @@ class _Guard:
             await send(message)
 
         try:
-            auth.check_request(path, headers.get("authorization"), self.service.api_key)
+            auth.check_request(path, headers.get("authorization"), self.service.api_keys)
         except ApiError as exc:
             await error_response(exc)(scope, receive, counting_send)
         else:
@@ -110,7 +110,7 @@ def create_app(
     engine: ChatEngine,
     model: ServedModel,
     *,
-    api_key: str | None = None,
+    api_keys: tuple[str, ...] = (),
     max_queue: int = DEFAULT_MAX_QUEUE,
     slots: int | None = 1,
     max_body_bytes: int = routes.MAX_BODY_BYTES,
@@ -120,7 +120,7 @@ def create_app(
     admission = Admission(slots, max_queue)
     metrics = ServerMetrics(model.id, model.draft, model.device, admission.load)
     service = Service(
-        engine, model, admission, metrics, api_key, max_body_bytes, started=time.time()
+        engine, model, admission, metrics, api_keys, max_body_bytes, started=time.time()
     )
     app = Starlette(
         routes=_ROUTES,
