@@ -46,6 +46,7 @@ from .sequence import Sequence
 from .session_options import MIN_PREFIX_BUDGET, SessionOptions
 from .speculative import SpeculativeDecoder
 from .tokenizer import Tokenizer
+from .tokenizer import cache_path as tokenizer_cache_path
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class ChatSession:
             **model_kw,  # type: ignore[arg-type]
         )
         try:  # from the model's open file: parsing the GGUF again cost ~0.3 s on a 150k vocab
-            tokenizer = Tokenizer.from_gguf(model.gguf)
+            kept = tokenizer_cache_path(cache_dir / "tokenizers", model.sha256)
+            tokenizer = Tokenizer.from_gguf(model.gguf, kept)
             template = ChatTemplate.from_gguf(model.gguf)
         except BaseException:
             model.close()

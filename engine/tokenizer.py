@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,14 +21,21 @@ from tokenizers import Tokenizer as HFTokenizer
 from .detokenizer import StreamDecoder, piece_to_bytes
 from .errors import NpuchatError
 from .tokenizer_build import add_special_tokens, byte_level_bpe, sentencepiece_bpe
+from .tokenizer_cache import cache_file, load_or_build
 from .vocab_tables import EOG_TEXTS, PRE_REGEXES, PRE_TYPES, SPECIAL_TYPES, TokenType
 
 if TYPE_CHECKING:
     from .gguf_reader import GGUFFile
 
-__all__ = ["StreamDecoder", "TokenType", "Tokenizer", "TokenizerError"]
+__all__ = ["StreamDecoder", "TokenType", "Tokenizer", "TokenizerError", "cache_path"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def cache_path(folder: Path, model_sha256: str) -> Path:
+    """Where `from_gguf` keeps the tokenizer of the model with this sha256: a change to this
+    module, which decides what is built too, gives a new file."""
+    return cache_file(folder, model_sha256, Path(__file__))
 
 
 class TokenizerError(NpuchatError):
@@ -54,7 +62,6 @@ class Tokenizer:
         eot_ids: frozenset[int],
         add_bos: bool,
         add_space_prefix: bool,
-        rstrip_ids: frozenset[int],
     ) -> None:
         self.model = model
         self.pre = pre
@@ -67,7 +74,6 @@ class Tokenizer:
         self._add_bos = add_bos
         self._add_space_prefix = add_space_prefix
         self._piece_cache: dict[int, bytes] = {}
-        add_special_tokens(hf, tokens, types, rstrip_ids)
         # `encode_special_tokens` is the library's per-tokenizer switch for parse_special;
         # requests may encode from several threads, so flipping it and encoding is one step.
         self._encode_lock = threading.Lock()
@@ -76,16 +82,19 @@ class Tokenizer:
     # --- construction ----------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, g: GGUFFile) -> Tokenizer:
-        """The tokenizer of an open GGUF file."""
+    def from_gguf(cls, g: GGUFFile, cache: Path | None = None) -> Tokenizer:
+        """The tokenizer of an open GGUF file; `cache`: where to keep it built (`cache_file`)."""
         try:
-            return cls.from_metadata(g.metadata)
+            return cls.from_metadata(g.metadata, cache)
         except TokenizerError as exc:
             raise TokenizerError(f"{g.path.name}: {exc}") from exc
 
     @classmethod
-    def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """Build from a GGUF metadata mapping (string arrays as lists, numeric as numpy)."""
+    def from_metadata(cls, metadata: Mapping[str, Any], cache: Path | None = None) -> Tokenizer:
+        """Build from a GGUF metadata mapping (string arrays as lists, numeric as numpy).
+
+        The metadata is read and checked each time; only the `tokenizers` object, the costly
+        part, is read from `cache` when it holds one built from the same model and code."""
         model = str(metadata.get("tokenizer.ggml.model", ""))
         if model not in ("gpt2", "llama"):
             raise TokenizerError(
@@ -123,7 +132,11 @@ class Tokenizer:
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, Sequence) or not merges:
                 raise TokenizerError("a 'gpt2' vocabulary needs tokenizer.ggml.merges")
-            hf = byte_level_bpe(tokens, merges, PRE_REGEXES[family], ignore_merges)
+            regexes = PRE_REGEXES[family]
+
+            def subwords() -> HFTokenizer:
+                return byte_level_bpe(tokens, merges, regexes, ignore_merges)
+
             add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", False))
             bos_default = eos_default = None
         else:
@@ -135,7 +148,11 @@ class Tokenizer:
                 raise TokenizerError(f"tokenizer.ggml.scores has {scores.size} entries for {n}")
             add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
             unk = opt_id("tokenizer.ggml.unknown_token_id", 0)
-            hf = sentencepiece_bpe(tokens, scores, add_space_prefix, unk)
+            spm_scores, space = scores, add_space_prefix
+
+            def subwords() -> HFTokenizer:
+                return sentencepiece_bpe(tokens, spm_scores, space, unk)
+
             default_add_bos = True
             bos_default, eos_default = 1, 2
 
@@ -161,18 +178,22 @@ class Tokenizer:
             rstrip |= {i for i, t in enumerate(tokens) if t == "</s>"}
             rstrip -= {i for i, t in enumerate(tokens) if t in ("<unk>", "<s>", "<|endoftext|>")}
 
+        def build() -> HFTokenizer:
+            hf = subwords()
+            add_special_tokens(hf, tokens, types, frozenset(rstrip))
+            return hf
+
         return cls(
             model=model,
             pre=pre,
             tokens=tokens,
             types=types,
-            hf=hf,
+            hf=load_or_build(cache, len(set(tokens)), build),
             bos_id=bos_id,
             eos_id=eos_id,
             eot_ids=frozenset(eot_ids),
             add_bos=add_bos,
             add_space_prefix=add_space_prefix,
-            rstrip_ids=frozenset(rstrip),
         )
 
     # --- properties ------------------------------------------------------------------------
