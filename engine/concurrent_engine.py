@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
 
 from .errors import NpuchatError
 from .events import Cancelled, ChatRequest, Event, Failed, Metrics, SamplingParams
@@ -44,6 +45,7 @@ from .peer_prefix import RowPeers
 from .scheduler import BACKGROUND, INTERACTIVE, StepScheduler
 from .sequence import PARKED, Sequence, SlotTable
 from .session import ChatSession
+from .token_view import TokenView
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class ConcurrentEngine:
         measure what that saves, or where a test needs a prompt that is prefilled)."""
         self.session = session
         self.share_rows = share_rows
+        self._tokens = TokenView(session.prompts)
         self.model = session.model
         self.slots = SlotTable(self.model)
         self.scheduler = StepScheduler(self.model, self.slots, clock=clock)
@@ -121,6 +124,20 @@ class ConcurrentEngine:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.session.tokenizer
+
+    # Tokenizes (serve's /tokenize and /detokenize)
+
+    def tokenize(self, text: str, *, parse_special: bool, add_bos: bool) -> list[int]:
+        return self._tokens.tokenize(text, parse_special=parse_special, add_bos=add_bos)
+
+    def chat_tokens(self, request: ChatRequest) -> list[int]:
+        return self._tokens.chat_tokens(request)
+
+    def token_pieces(self, ids: Seq[int]) -> list[bytes]:
+        return self._tokens.token_pieces(ids)
+
+    def detokenize(self, ids: Seq[int]) -> str:
+        return self._tokens.detokenize(ids)
 
     @property
     def batch_max(self) -> int:

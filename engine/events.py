@@ -10,7 +10,7 @@ engine that yields the same events.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -232,3 +232,23 @@ class ChatEngine(Protocol):
         requests together answers the one it cannot take with `Failed(kind="busy")`.
         """
         ...
+
+
+@runtime_checkable
+class Tokenizes(Protocol):
+    """An engine that shows what text is in its model's token ids (`npuchat serve`'s
+    /tokenize and /detokenize): a client counts a prompt against the context, or checks what a
+    stop string or a logit bias will meet, before it asks for a reply."""
+
+    def tokenize(self, text: str, *, parse_special: bool, add_bos: bool) -> list[int]: ...
+
+    def chat_tokens(self, request: ChatRequest) -> list[int]:
+        """The ids of a chat's prompt, its template applied, as a reply to it would start."""
+        ...
+
+    def token_pieces(self, ids: Sequence[int]) -> list[bytes]:
+        """Each id's bytes, special tokens as their text (an id outside the vocabulary:
+        `InvalidRequestError`)."""
+        ...
+
+    def detokenize(self, ids: Sequence[int]) -> str: ...

@@ -118,7 +118,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, 
     return False, None
 
 
-def _check_model(service: Service, name: str | None) -> None:
+def check_model(service: Service, name: str | None) -> None:
     if name is not None and name != service.model.id:
         raise ApiError(
             404,
@@ -260,7 +260,7 @@ async def _body(request: Request, schema: type[B]) -> tuple[Service, B]:
     """The service and the request's body read as `schema`, for a model this server serves."""
     service: Service = request.app.state.service
     body: B = parse(schema, await read_json(request, service.max_body_bytes))
-    _check_model(service, body.model)
+    check_model(service, body.model)
     return service, body
 
 
@@ -317,7 +317,7 @@ async def models(request: Request) -> Response:
 
 async def model(request: Request) -> Response:
     service: Service = request.app.state.service
-    _check_model(service, request.path_params["name"])
+    check_model(service, request.path_params["name"])
     return JSONResponse(_model_object(service))
 
 

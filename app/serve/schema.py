@@ -59,27 +59,29 @@ class ApiError(Exception):
         }
 
 
-class _Model(BaseModel):
+class RequestModel(BaseModel):
+    """A request body's schema: fields it does not know are ignored (module doc)."""
+
     model_config = ConfigDict(extra="ignore")
 
 
-class TextPart(_Model):
+class TextPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCallIn(_Model):
+class FunctionCallIn(RequestModel):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class ToolCallIn(_Model):
+class ToolCallIn(RequestModel):
     id: str = ""
     type: Literal["function"] = "function"
     function: FunctionCallIn
 
 
-class MessageIn(_Model):
+class MessageIn(RequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     tool_calls: list[ToolCallIn] | None = None
@@ -93,27 +95,27 @@ class MessageIn(_Model):
         return "".join(part.text for part in self.content)
 
 
-class FunctionSpecIn(_Model):
+class FunctionSpecIn(RequestModel):
     name: str = Field(min_length=1, max_length=64)
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolIn(_Model):
+class ToolIn(RequestModel):
     type: Literal["function"]
     function: FunctionSpecIn
 
 
-class NamedToolChoice(_Model):
+class NamedToolChoice(RequestModel):
     type: Literal["function"]
     function: dict[str, str]
 
 
-class StreamOptions(_Model):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingIn(_Model):
+class SamplingIn(RequestModel):
     """Sampling fields shared by both endpoints; `top_k`, `min_p`, `repeat_penalty` are
     llama-server's extensions, `priority` and `conversation_id` are npuchat's. `model` may be
     left out, as llama-server and vLLM allow: the one model this server serves answers."""
@@ -283,7 +285,7 @@ def _error_param(error: Any) -> str:
     return ".".join(str(p) for p in error.get("loc", ())) or "body"
 
 
-def parse(model: type[SamplingIn], body: Any) -> Any:
+def parse(model: type[RequestModel], body: Any) -> Any:
     """Validate a decoded JSON body; the first problem becomes a 400 naming its field."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

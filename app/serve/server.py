@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npuchat.engine.events import ChatEngine
 
-from . import auth, routes
+from . import auth, routes, tokens
 from .args import DEFAULT_MAX_QUEUE
 from .metrics import ServerMetrics
 from .routes import ServedModel, Service, error_response
@@ -92,6 +92,8 @@ _API = [
     ("/models", routes.models, "GET"),
     ("/models/{name:path}", routes.model, "GET"),
 ]
+# llama-server's and vLLM's token endpoints, which neither puts under /v1
+_TOKENS = [("/tokenize", tokens.tokenize), ("/detokenize", tokens.detokenize)]
 # the API under /v1 and, as llama-server serves it, at the root too: a client given the
 # server's address without /v1 as its base URL works
 _ROUTES = [
@@ -100,6 +102,7 @@ _ROUTES = [
         for root in ("/v1", "")
         for path, call, verb in _API
     ),
+    *(Route(path, call, methods=["POST"]) for path, call in _TOKENS),
     Route("/health", routes.health, methods=["GET"]),
     Route("/metrics", routes.prometheus, methods=["GET"]),
 ]
