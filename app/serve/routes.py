@@ -25,6 +25,8 @@ from npuchat.engine.events import ChatEngine, ChatRequest, Event, Failed
 from .metrics import ServerMetrics
 from .prepare import Prepared, prepare_chat, prepare_completion
 from .responses import ChatShape, Reply, TextShape, recorded
+from .responses_in import ResponseIn, as_chat, renamed
+from .responses_out import ResponseShape, echo, response_events
 from .runner import Admission, QueueFull, run_events
 from .schema import ApiError, ChatCompletionIn, CompletionIn, parse
 from .streaming import EventStream, Start, chat_chunks, text_chunks
@@ -294,6 +296,28 @@ async def completions(request: Request) -> Response:
 
     if prepared.choices > 1:
         return await _run_choices(request, service, prepared, shape.whole_choices, stream)
+    return await _run(request, service, prepared, shape.whole, stream)
+
+
+async def responses(request: Request) -> Response:
+    """`/v1/responses`: the chat completion the request means (`responses_in`), run as one
+    and answered as a response (`responses_out`)."""
+    service: Service = request.app.state.service
+    given: ResponseIn = parse(ResponseIn, await read_json(request, service.max_body_bytes))
+    check_model(service, given.model)
+    try:
+        body: ChatCompletionIn = parse(ChatCompletionIn, as_chat(given))
+        prepared = await asyncio.to_thread(prepare_chat, body, service.model.context_length)
+    except ApiError as exc:
+        raise renamed(exc) from None
+    prepared = prepared.named(_conversation(body.conversation_id, prepared))
+    shape = ResponseShape(
+        service.model.id, echo(given, body), prepared.tools, prepared.reply_prefix
+    )
+
+    def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:
+        return response_events(shape, starts, done)
+
     return await _run(request, service, prepared, shape.whole, stream)
 
 

@@ -89,6 +89,7 @@ async def _bug(request: Request, exc: Exception) -> Response:
 _API = [
     ("/chat/completions", routes.chat_completions, "POST"),
     ("/completions", routes.completions, "POST"),
+    ("/responses", routes.responses, "POST"),
     ("/models", routes.models, "GET"),
     ("/models/{name:path}", routes.model, "GET"),
 ]

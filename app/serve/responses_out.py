@@ -1,0 +1,267 @@
+"""`/v1/responses` answers: the `response` object, whole or as its stream of typed events.
+
+A reply becomes output items: its text a `message` item (one `output_text` part), each tool
+call a `function_call` item, in the order the model wrote them. The stream says the same
+through OpenAI's events, each with a `sequence_number`: `response.created`, then per item
+`output_item.added`, its deltas and `done` events, `output_item.done`, and last
+`response.completed` (or `response.incomplete` when `max_output_tokens` cut it, `response.failed`
+when the engine refused it), with no `[DONE]` after it. The tool-call blocks are split out of
+the text as chat completions split them (`ToolCallSplitter`), so text streams at once and a
+call comes out whole when its block closes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from npuchat.engine.events import Failed, Finished, TokenDelta, ToolCall
+
+from .responses import Reply, recorded, sse
+from .responses_in import ResponseIn
+from .schema import ChatCompletionIn
+from .streaming import Start
+from .tools import ToolCallSplitter, split_reply
+
+_FAILED_CODES = {"busy": "rate_limit_exceeded", "invalid": "invalid_prompt"}
+
+
+def echo(given: ResponseIn, chat: ChatCompletionIn) -> dict[str, Any]:
+    """The request's settings a response repeats, as OpenAI's do."""
+    fmt = (given.text or {}).get("format") or {"type": "text"}
+    return {
+        "instructions": given.instructions,
+        "tools": given.tools or [],
+        "tool_choice": given.tool_choice or "auto",
+        "parallel_tool_calls": given.parallel_tool_calls,
+        "temperature": chat.temperature,
+        "top_p": chat.top_p,
+        "max_output_tokens": given.max_output_tokens,
+        "text": {"format": fmt},
+    }
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def _usage(reply: Reply) -> dict[str, Any]:
+    u = reply.usage()
+    return {
+        "input_tokens": u["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": u["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u["total_tokens"],
+    }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [_text_part(text)] if status == "completed" else []
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _call(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if status == "completed" else "",
+        "status": status,
+    }
+
+
+@dataclass
+class ResponseShape:
+    """The `response` object of one request; `echo` holds the request's settings it repeats
+    (tools, tool_choice, temperature, ...)."""
+
+    model: str
+    echo: dict[str, Any]
+    tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
+    prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
+    id: str = field(default_factory=lambda: _id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def head(self, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "error": None,
+            "incomplete_details": None,
+            "usage": None,
+            "metadata": {},
+            "store": False,
+            "previous_response_id": None,
+            **self.echo,
+        }
+
+    def ended(self, reply: Reply, output: list[dict[str, Any]]) -> dict[str, Any]:
+        """The finished object: completed, or incomplete where the token budget ran out."""
+        cut = isinstance(reply.terminal, Finished) and reply.terminal.stop_reason in (
+            "max_tokens",
+            "length",
+        )
+        obj = self.head("incomplete" if cut else "completed", output)
+        if cut:
+            obj["incomplete_details"] = {"reason": "max_output_tokens"}
+        obj["usage"] = _usage(reply)
+        return obj
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        text = self.prefix + reply.text
+        content, calls = split_reply(text, self.tools) if self.tools else (text, [])
+        output = [_message(_id("msg"), content, "completed")] if content else []
+        output += [_call(_id("fc"), c) for c in calls]
+        return self.ended(reply, output)
+
+
+class _Events:
+    """The stream's events, numbered, and the output items they have built."""
+
+    def __init__(self, shape: ResponseShape) -> None:
+        self.shape = shape
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.message: dict[str, Any] | None = None  # the open message item
+        self.text = ""
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\n".encode() + sse(data)
+
+    def response(self, kind: str, obj: dict[str, Any]) -> bytes:
+        return self.event(kind, response=obj)
+
+    def text_delta(self, text: str) -> list[bytes]:
+        out = []
+        if self.message is None:
+            self.message = _message(_id("msg"), "", "in_progress")
+            self.text = ""
+            out.append(self._added(self.message))
+            out.append(self._part("response.content_part.added", _text_part("")))
+        self.text += text
+        out.append(self._text_event("response.output_text.delta", delta=text))
+        return out
+
+    def close_message(self) -> list[bytes]:
+        if self.message is None:
+            return []
+        done = _message(self.message["id"], self.text, "completed")
+        out = [
+            self._text_event("response.output_text.done", text=self.text),
+            self._part("response.content_part.done", _text_part(self.text)),
+            self.event("response.output_item.done", output_index=len(self.output), item=done),
+        ]
+        self.output.append(done)
+        self.message = None
+        return out
+
+    def call(self, call: ToolCall) -> list[bytes]:
+        out = self.close_message()
+        item_id = _id("fc")
+        index = len(self.output)
+        done = _call(item_id, call)
+        out += [
+            self._added(_call(item_id, call, "in_progress")),
+            self.event(
+                "response.function_call_arguments.delta",
+                item_id=item_id,
+                output_index=index,
+                delta=call.arguments,
+            ),
+            self.event(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+            self.event("response.output_item.done", output_index=index, item=done),
+        ]
+        self.output.append(done)
+        return out
+
+    def _added(self, item: dict[str, Any]) -> bytes:
+        return self.event("response.output_item.added", output_index=len(self.output), item=item)
+
+    def _part(self, kind: str, part: dict[str, Any]) -> bytes:
+        assert self.message is not None
+        index = len(self.output)
+        return self.event(
+            kind, item_id=self.message["id"], output_index=index, content_index=0, part=part
+        )
+
+    def _text_event(self, kind: str, **fields: Any) -> bytes:
+        assert self.message is not None
+        index = len(self.output)
+        return self.event(
+            kind,
+            item_id=self.message["id"],
+            output_index=index,
+            content_index=0,
+            logprobs=[],
+            **fields,
+        )
+
+
+async def response_events(
+    shape: ResponseShape, starts: list[Start], done: Callable[[list[Reply]], None]
+) -> AsyncIterator[bytes]:
+    """The events of one reply (`starts` holds one: the Responses API has no `n`)."""
+    (first, rest), reply = starts[0], Reply()
+    ev = _Events(shape)
+    splitter = ToolCallSplitter(shape.tools) if shape.tools else None
+    if splitter is not None:
+        splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
+    yield ev.response("response.created", shape.head("in_progress", []))
+    yield ev.response("response.in_progress", shape.head("in_progress", []))
+
+    def pieces(text: str, final: bool = False) -> list[bytes]:
+        if splitter is None:
+            return ev.text_delta(text) if text else []
+        out: list[bytes] = []
+        for piece in splitter.flush() if final else splitter.feed(text):
+            if piece.call is not None:
+                out += ev.call(piece.call)
+            elif piece.text:
+                out += ev.text_delta(piece.text)
+        return out
+
+    async for event in recorded(first, rest, reply):
+        if isinstance(event, TokenDelta):
+            for chunk in pieces(event.text):
+                yield chunk
+    done([reply])
+    if isinstance(reply.terminal, Failed):
+        failed = shape.head("failed", ev.output)
+        code = _FAILED_CODES.get(reply.terminal.kind, "server_error")
+        failed["error"] = {"code": code, "message": reply.terminal.message}
+        yield ev.response("response.failed", failed)
+        return
+    for chunk in [*pieces("", final=True), *ev.close_message()]:
+        yield chunk
+    obj = shape.ended(reply, ev.output)
+    yield ev.response(f"response.{obj['status']}", obj)

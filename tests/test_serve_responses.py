@@ -1,0 +1,227 @@
+"""`POST /v1/responses` (OpenAI's Responses API): every object and stream event is validated
+against the `openai` package's own types (the independent reference for the wire format), a
+request reaches the engine as the chat completion it means, and what cannot be honoured is a
+400 naming its field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+from scripted_engine import ScriptedEngine, ScriptedReply
+from serve_helpers import serving
+
+from npuchat.engine.concurrent_engine import ConcurrentEngine
+from npuchat.engine.session import ChatSession
+
+EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def _post(url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(url + "/v1/responses", json=body, timeout=30)
+
+
+def _events(url: str, body: dict[str, Any]) -> list[Any]:
+    """The stream's events, each validated as the `openai` package's event type."""
+    out = []
+    with httpx.stream("POST", url + "/v1/responses", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = json.loads(line.removeprefix("data: "))
+                assert data["type"] == kind  # the SSE event name is the data's type
+                out.append(EVENTS.validate_python(data))
+    assert [e.sequence_number for e in out] == list(range(len(out)))
+    return out
+
+
+def test_a_text_reply_whole_and_streamed() -> None:
+    engine = ScriptedEngine([ScriptedReply(["Hel", "lo"]), ScriptedReply(["Hel", "lo"])])
+    body = {"model": engine.model_name, "input": "hi", "instructions": "be brief"}
+    with serving(engine) as (server, _):
+        whole = Response.model_validate(_post(server.url, body).json())
+        events = _events(server.url, body)
+    assert whole.status == "completed" and whole.output_text == "Hello"
+    assert whole.usage is not None and whole.usage.output_tokens == 2
+    assert whole.instructions == "be brief" and whole.model == engine.model_name
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert deltas == ["Hel", "lo"]
+    final = events[-1].response
+    assert final.output_text == "Hello" and final.status == "completed"
+    assert [m.system_prompt for m in engine.requests] == ["be brief", "be brief"]
+    assert [m.messages[-1].content for m in engine.requests] == ["hi", "hi"]
+
+
+def test_tool_calls_and_their_results() -> None:
+    """A call comes back as a function_call item (whole and streamed, text before it in a
+    message item); the next turn's function_call and function_call_output items reach the
+    engine as the assistant's call and the tool's result."""
+    replies = [ScriptedReply(["Let me check. ", CALL]) for _ in range(2)]
+    engine = ScriptedEngine([*replies, ScriptedReply(["Sunny."])])
+    body = {"input": "weather in Oslo?", "tools": [WEATHER]}
+    with serving(engine) as (server, _):
+        whole = Response.model_validate(_post(server.url, body).json())
+        events = _events(server.url, body)
+        call = whole.output[1]
+        assert call.type == "function_call"
+        follow = {
+            "input": [
+                {"role": "user", "content": "weather in Oslo?"},
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
+                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+            ],
+            "tools": [WEATHER],
+        }
+        last = Response.model_validate(_post(server.url, follow).json())
+    assert [o.type for o in whole.output] == ["message", "function_call"]
+    assert whole.output_text == "Let me check."
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Oslo"}
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and json.loads(done[0].arguments) == {"city": "Oslo"}
+    assert [o.type for o in events[-1].response.output] == ["message", "function_call"]
+    assert last.output_text == "Sunny."
+    turns = engine.requests[-1].messages
+    assert [m.role for m in turns] == ["user", "assistant", "tool"]
+    assert turns[1].tool_calls[0].name == "get_weather" and turns[2].content == "sunny"
+    assert turns[2].tool_call_id == call.call_id
+    assert [t.name for t in engine.requests[-1].tools] == ["get_weather"]
+
+
+def test_a_reply_cut_by_max_output_tokens_is_incomplete() -> None:
+    engine = ScriptedEngine([ScriptedReply(["a", "b"], stop_reason="max_tokens")] * 2)
+    body = {"input": "hi", "max_output_tokens": 2}
+    with serving(engine) as (server, _):
+        whole = Response.model_validate(_post(server.url, body).json())
+        events = _events(server.url, body)
+    assert whole.status == "incomplete" and whole.incomplete_details is not None
+    assert whole.incomplete_details.reason == "max_output_tokens"
+    assert events[-1].type == "response.incomplete"
+    assert engine.requests[0].sampling.max_tokens == 2
+
+
+def test_a_failure_mid_stream_ends_with_response_failed() -> None:
+    engine = ScriptedEngine([ScriptedReply(["a"], fail="the engine broke")])
+    with serving(engine) as (server, _):
+        events = _events(server.url, {"input": "hi"})
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.message == "the engine broke"
+
+
+def test_text_format_holds_the_reply_to_a_schema() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    engine = ScriptedEngine([ScriptedReply(['{"a": 1}'])])
+    fmt = {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}
+    with serving(engine) as (server, _):
+        whole = Response.model_validate(
+            _post(server.url, {"input": "give a", "text": {"format": fmt}}).json()
+        )
+    held = engine.requests[0].sampling.json_schema
+    assert held is not None and json.loads(held) == schema
+    assert whole.text is not None and whole.text.format.type == "json_schema"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "hi", "conversation": "conv_1"}, "conversation"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": []}, "input"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "hi", "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"input": "hi", "temperature": -1}, "temperature"),
+        ({"input": 5}, "input"),
+        ({"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
+        ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format"),
+    ],
+)
+def test_what_cannot_be_honoured_is_a_400_naming_it(body: dict[str, Any], param: str) -> None:
+    engine = ScriptedEngine()
+    with serving(engine) as (server, _):
+        r = _post(server.url, body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param, error
+    assert "\n" not in error["message"] and engine.requests == []
+
+
+@pytest.fixture(scope="module")
+def path(synthetic_gguf: Callable[..., Path]) -> Path:
+    return synthetic_gguf("qwen2", seed=7)
+
+
+def test_a_response_is_the_chat_completion_it_means(path: Path, tmp_path: Path) -> None:
+    """On a real engine (synthetic model, greedy): the same conversation asked as a response
+    and as a chat completion gives the same text, and the usage counts the same prompt."""
+    session = ChatSession.open(
+        path, name="syn", cache_dir=tmp_path, capacities=[256], prefill_chunk=16, accuracy_level=0
+    )
+    engine = ConcurrentEngine(session, max_queue=4)
+    turns = [
+        {"role": "user", "content": "hello world"},
+        {"role": "assistant", "content": "the quick fox"},
+        {"role": "user", "content": "a small model"},
+    ]
+    try:
+        with serving(engine, context_length=256, slots=None) as (_, client):
+            chat = client.chat.completions.create(
+                model="syn",
+                messages=[{"role": "system", "content": "be brief"}, *turns],  # type: ignore[list-item]
+                max_tokens=12,
+                temperature=0,
+                extra_body={"conversation_id": "chat"},
+            )
+            response = client.responses.create(
+                model="syn",
+                instructions="be brief",
+                input=turns,  # type: ignore[arg-type]
+                max_output_tokens=12,
+                temperature=0,
+                extra_body={"conversation_id": "response"},
+            )
+    finally:
+        engine.close()
+    assert chat.usage is not None and response.usage is not None
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens > 0
