@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from scripted_engine import ScriptedEngine, ScriptedReply
 from serve_helpers import serving
 
+from npuchat.app.serve.response_store import ResponseStore
 from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.session import ChatSession
 
@@ -157,7 +158,6 @@ def test_text_format_holds_the_reply_to_a_schema() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": "hi", "conversation": "conv_1"}, "conversation"),
         ({"input": "hi", "background": True}, "background"),
         ({"input": []}, "input"),
@@ -225,3 +225,72 @@ def test_a_response_is_the_chat_completion_it_means(path: Path, tmp_path: Path) 
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
     assert response.usage.output_tokens == chat.usage.completion_tokens > 0
+
+
+def test_a_kept_response_is_continued_fetched_and_deleted() -> None:
+    """`store` (the default): the next request names the response instead of sending the
+    conversation again, and the engine sees the whole conversation; the instructions are the
+    new request's own. A response asked not to be kept cannot be named."""
+    replies = [ScriptedReply(["Let me check. ", CALL]), ScriptedReply(["Sunny."])]
+    engine = ScriptedEngine([*replies, ScriptedReply(["streamed"]), ScriptedReply(["x"])])
+    with serving(engine) as (server, _):
+        first = Response.model_validate(
+            _post(
+                server.url,
+                {"input": "weather in Oslo?", "tools": [WEATHER], "instructions": "first"},
+            ).json()
+        )
+        call = first.output[-1]
+        assert first.store and call.type == "function_call"
+        result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        second = _post(
+            server.url,
+            {"previous_response_id": first.id, "input": [result], "tools": [WEATHER]},
+        ).json()
+        streamed = _events(server.url, {"previous_response_id": second["id"], "input": "and?"})
+        fetched = httpx.get(f"{server.url}/v1/responses/{second['id']}").json()
+        unkept = _post(server.url, {"input": "hi", "store": False}).json()
+        gone = httpx.delete(f"{server.url}/v1/responses/{first.id}")
+        after = httpx.get(f"{server.url}/v1/responses/{first.id}")
+        named_unkept = _post(server.url, {"previous_response_id": unkept["id"], "input": "hi"})
+    assert second["previous_response_id"] == first.id and fetched == second
+    continued = engine.requests[1]
+    assert [m.role for m in continued.messages] == ["user", "assistant", "tool"]
+    assert continued.messages[1].tool_calls[0].id == call.call_id
+    assert continued.system_prompt == ""  # the first request's instructions stay with it
+    assert [m.content for m in engine.requests[2].messages] == [
+        "weather in Oslo?",
+        "Let me check.",
+        "sunny",
+        "Sunny.",
+        "and?",
+    ]
+    assert streamed[-1].response.output_text == "streamed"
+    assert gone.status_code == 200 and gone.json()["deleted"] is True
+    assert after.status_code == 404 and not unkept["store"]
+    assert named_unkept.status_code == 404
+    assert named_unkept.json()["error"]["param"] == "previous_response_id"
+    assert len(engine.requests) == 4
+
+
+def test_the_store_keeps_the_newest_within_its_bounds() -> None:
+    def response(i: int, text: str = "x") -> dict[str, Any]:
+        item = {"type": "message", "content": [{"type": "output_text", "text": text}]}
+        return {"id": f"resp_{i}", "output": [item]}
+
+    store = ResponseStore(max_kept=3, max_bytes=2_000)
+    for i in range(5):
+        store.put(response(i), [{"role": "user", "content": "q"}])
+    assert [i for i in range(5) if store.get(f"resp_{i}")] == [2, 3, 4]
+    big = ResponseStore()
+    big.put(response(0, "y" * 900), [])
+    one = big.get("resp_0")
+    assert one is not None
+    store = ResponseStore(max_kept=100, max_bytes=3 * one.size + 10)
+    for i in range(4):
+        store.put(response(i, "y" * 900), [])
+    assert [i for i in range(4) if store.get(f"resp_{i}")] == [1, 2, 3]  # the oldest made room
+    store.put(response(9, "z" * 4_000), [])  # alone over the bound: not kept, nothing dropped
+    assert store.get("resp_9") is None and store.get("resp_1") is not None
+    kept = store.get("resp_3")
+    assert kept is not None and kept.conversation[-1] == {"role": "assistant", "content": "y" * 900}

@@ -7,10 +7,11 @@ flat function specs, `max_output_tokens` and `text.format` are `max_tokens` and
 `response_format`. Turning a request into the `/v1/chat/completions` body it means lets one
 path (`prepare_chat`) check and run both, so they cannot drift apart.
 
-What the server cannot honour is refused with a 400 naming the field, never ignored: a
-`previous_response_id` or `conversation` (no response is kept: send the whole conversation as
-`input`, as with `store: false`), `background`, input other than text (images, files), and item
-kinds other than messages and function calls (reasoning, built-in tools).
+A `previous_response_id` names a kept response (`response_store`): its conversation goes
+before this request's input. What the server cannot honour is refused with a 400 naming the
+field, never ignored: a `conversation` (OpenAI's Conversations API), `background`, input other
+than text (images, files), and item kinds other than messages and function calls (reasoning,
+built-in tools).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ResponseIn(RequestModel):
     stream: bool = False
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
+    store: bool = True
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     priority: str | None = None  # npuchat's extension, as for chat completions
@@ -148,21 +150,26 @@ def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return fmt
 
 
-def as_chat(body: ResponseIn) -> dict[str, Any]:
-    """The `/v1/chat/completions` body this request means (module doc)."""
-    if body.previous_response_id is not None or body.conversation is not None:
-        param = "previous_response_id" if body.previous_response_id else "conversation"
-        raise _refuse(param, "responses are not kept here; send the whole conversation as `input`")
+def history(body: ResponseIn, before: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation this request's reply answers, as chat messages without the system
+    prompt: what the kept response it continues ended with (`before`), then its input."""
+    if body.conversation is not None:
+        raise _refuse("conversation", "conversations are not kept here; send `input`")
     if body.background:
         raise _refuse("background", "replies run while the request waits; leave it false")
     if isinstance(body.input, str):
-        messages = [{"role": "user", "content": body.input}]
-    elif not isinstance(body.input, list):
+        return [*before, {"role": "user", "content": body.input}]
+    if not isinstance(body.input, list):
         raise _refuse("input", "give a string or a list of items")
-    elif not 0 < len(body.input) <= MAX_ITEMS:
+    if not 0 < len(body.input) <= MAX_ITEMS:
         raise _refuse("input", f"give 1 to {MAX_ITEMS:,} items")
-    else:
-        messages = _messages(body.input)
+    return [*before, *_messages(body.input)]
+
+
+def as_chat(body: ResponseIn, turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `/v1/chat/completions` body this request means (module doc); `turns`: `history`.
+    The instructions are this request's own: a continued response's are not carried over."""
+    messages = turns
     if body.instructions:
         messages = [{"role": "system", "content": body.instructions}, *messages]
     chat: dict[str, Any] = {

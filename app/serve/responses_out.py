@@ -97,6 +97,8 @@ class ResponseShape:
     echo: dict[str, Any]
     tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
+    keep: Callable[[dict[str, Any]], None] | None = None  # `store`: where the answer is kept
+    previous: str | None = None  # the kept response this one continues
     id: str = field(default_factory=lambda: _id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -112,13 +114,14 @@ class ResponseShape:
             "incomplete_details": None,
             "usage": None,
             "metadata": {},
-            "store": False,
-            "previous_response_id": None,
+            "store": self.keep is not None,
+            "previous_response_id": self.previous,
             **self.echo,
         }
 
     def ended(self, reply: Reply, output: list[dict[str, Any]]) -> dict[str, Any]:
-        """The finished object: completed, or incomplete where the token budget ran out."""
+        """The finished object: completed, or incomplete where the token budget ran out;
+        kept where the request asked for that."""
         cut = isinstance(reply.terminal, Finished) and reply.terminal.stop_reason in (
             "max_tokens",
             "length",
@@ -127,6 +130,8 @@ class ResponseShape:
         if cut:
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
         obj["usage"] = _usage(reply)
+        if self.keep is not None:
+            self.keep(obj)
         return obj
 
     def whole(self, reply: Reply) -> dict[str, Any]:

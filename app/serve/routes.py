@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -24,9 +24,8 @@ from npuchat.engine.events import ChatEngine, ChatRequest, Event, Failed
 
 from .metrics import ServerMetrics
 from .prepare import Prepared, prepare_chat, prepare_completion
+from .response_store import ResponseStore
 from .responses import ChatShape, Reply, TextShape, recorded
-from .responses_in import ResponseIn, as_chat, renamed
-from .responses_out import ResponseShape, echo, response_events
 from .runner import Admission, QueueFull, run_events
 from .schema import ApiError, ChatCompletionIn, CompletionIn, parse
 from .streaming import EventStream, Start, chat_chunks, text_chunks
@@ -55,6 +54,7 @@ class Service:
     api_keys: tuple[str, ...] = ()
     max_body_bytes: int = MAX_BODY_BYTES
     started: float = 0.0
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -204,7 +204,7 @@ async def _run_choices(
     return JSONResponse(whole(replies))
 
 
-async def _run(
+async def run_reply(
     request: Request,
     service: Service,
     prepared: Prepared,
@@ -244,7 +244,7 @@ async def _run(
         raise
 
 
-def _conversation(given: str | None, prepared: Prepared) -> str:
+def conversation_key(given: str | None, prepared: Prepared) -> str:
     """Which conversation a request continues, so the engine can keep its KV together.
 
     HTTP is stateless: a client may name it (`conversation_id`, an npuchat extension);
@@ -270,7 +270,7 @@ async def chat_completions(request: Request) -> Response:
     service, body = await _body(request, ChatCompletionIn)
     # off the event loop: a forced call's grammar over big tool schemas compiles for ~1 s
     prepared = await asyncio.to_thread(prepare_chat, body, service.model.context_length)
-    prepared = prepared.named(_conversation(body.conversation_id, prepared))
+    prepared = prepared.named(conversation_key(body.conversation_id, prepared))
     logprobs = prepared.request.sampling.logprobs is not None
     shape = ChatShape(
         service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix, logprobs=logprobs
@@ -281,13 +281,13 @@ async def chat_completions(request: Request) -> Response:
 
     if prepared.choices > 1:
         return await _run_choices(request, service, prepared, shape.whole_choices, stream)
-    return await _run(request, service, prepared, shape.whole, stream)
+    return await run_reply(request, service, prepared, shape.whole, stream)
 
 
 async def completions(request: Request) -> Response:
     service, body = await _body(request, CompletionIn)
     prepared = prepare_completion(body, service.model.context_length)
-    prepared = prepared.named(_conversation(body.conversation_id, prepared))
+    prepared = prepared.named(conversation_key(body.conversation_id, prepared))
     logprobs = prepared.request.sampling.logprobs is not None
     shape = TextShape(service.model.id, logprobs=logprobs, echo=prepared.echo)
 
@@ -296,29 +296,7 @@ async def completions(request: Request) -> Response:
 
     if prepared.choices > 1:
         return await _run_choices(request, service, prepared, shape.whole_choices, stream)
-    return await _run(request, service, prepared, shape.whole, stream)
-
-
-async def responses(request: Request) -> Response:
-    """`/v1/responses`: the chat completion the request means (`responses_in`), run as one
-    and answered as a response (`responses_out`)."""
-    service: Service = request.app.state.service
-    given: ResponseIn = parse(ResponseIn, await read_json(request, service.max_body_bytes))
-    check_model(service, given.model)
-    try:
-        body: ChatCompletionIn = parse(ChatCompletionIn, as_chat(given))
-        prepared = await asyncio.to_thread(prepare_chat, body, service.model.context_length)
-    except ApiError as exc:
-        raise renamed(exc) from None
-    prepared = prepared.named(_conversation(body.conversation_id, prepared))
-    shape = ResponseShape(
-        service.model.id, echo(given, body), prepared.tools, prepared.reply_prefix
-    )
-
-    def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:
-        return response_events(shape, starts, done)
-
-    return await _run(request, service, prepared, shape.whole, stream)
+    return await run_reply(request, service, prepared, shape.whole, stream)
 
 
 def _model_object(service: Service) -> dict[str, Any]:

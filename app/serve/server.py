@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npuchat.engine.events import ChatEngine
 
-from . import auth, routes, tokens
+from . import auth, responses_route, routes, tokens
 from .args import DEFAULT_MAX_QUEUE
 from .metrics import ServerMetrics
 from .routes import ServedModel, Service, error_response
@@ -89,9 +89,11 @@ async def _bug(request: Request, exc: Exception) -> Response:
 _API = [
     ("/chat/completions", routes.chat_completions, "POST"),
     ("/completions", routes.completions, "POST"),
-    ("/responses", routes.responses, "POST"),
+    ("/responses", responses_route.create, "POST"),
     ("/models", routes.models, "GET"),
     ("/models/{name:path}", routes.model, "GET"),
+    ("/responses/{response_id}", responses_route.kept, "GET"),
+    ("/responses/{response_id}", responses_route.kept, "DELETE"),
 ]
 # llama-server's and vLLM's token endpoints, which neither puts under /v1
 _TOKENS = [("/tokenize", tokens.tokenize), ("/detokenize", tokens.detokenize)]
