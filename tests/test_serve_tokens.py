@@ -14,30 +14,11 @@ from real_models import REFERENCE_DIR
 from scripted_engine import ScriptedEngine, ScriptedReply
 from serve_helpers import serving
 from synthetic_vocab import QWEN25_TOOL_TEMPLATE
+from viewing_engine import viewing
 
-from npuchat.engine.chat_template import ChatTemplate
 from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.events import Tokenizes
-from npuchat.engine.gguf_reader import GGUFFile
-from npuchat.engine.prompts import PromptBuilder
 from npuchat.engine.session import ChatSession
-from npuchat.engine.token_view import TokenView
-from npuchat.engine.tokenizer import Tokenizer
-
-
-class _Viewing(TokenView, ScriptedEngine):
-    """Scripted replies, but the real `TokenView` over a real model's tokenizer and template
-    (what the concurrent engine delegates to), without loading its weights."""
-
-    def __init__(self, prompts: PromptBuilder, name: str) -> None:
-        TokenView.__init__(self, prompts)
-        ScriptedEngine.__init__(self, model_name=name)
-
-
-def _viewing(gguf: Path, name: str) -> _Viewing:
-    with GGUFFile(gguf) as g:
-        tok, template = Tokenizer.from_gguf(g), ChatTemplate.from_gguf(g)
-    return _Viewing(PromptBuilder(template, tok, name), name)
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -50,7 +31,7 @@ def test_tokenize_gives_llama_server_s_ids(name: str, real_gguf: Callable[[str],
     """Every reference case, special tokens parsed and not, as llama-server's /tokenize gave
     them (add_special false); pieces put together are the text's bytes; /detokenize of the
     ids gives the text back."""
-    engine = _viewing(real_gguf(name), name)
+    engine = viewing(real_gguf(name), name)
     assert isinstance(engine, Tokenizes)
     cases = json.loads((REFERENCE_DIR / f"tokenizer-{name}.json").read_text())["cases"]
     wrong: list[str] = []
@@ -79,7 +60,7 @@ def test_tokenize_gives_llama_server_s_ids(name: str, real_gguf: Callable[[str],
 def test_a_split_character_s_pieces_are_bytes_and_bos_follows_each_server_s_rule(
     real_gguf: Callable[[str], Path],
 ) -> None:
-    engine = _viewing(real_gguf("gemma3-270m"), "gemma3-270m")
+    engine = viewing(real_gguf("gemma3-270m"), "gemma3-270m")
     bos = 2  # gemma's <bos>
     with serving(engine) as (server, _):
         llama = _post(server.url, "/tokenize", {"content": "hi"}).json()["tokens"]
