@@ -11,6 +11,7 @@ from npuchat.app.serve.tools import ToolCallSplitter, split_reply
 
 NAMES = frozenset({"get_weather", "lookup"})
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+DEEP = '{"name": "lookup", "arguments": ' + "[" * 20_000
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,19 @@ CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
         ('```json\n{"a": 1}\n```', '```json\n{"a": 1}\n```', []),
         ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
         ("`x` ``", "`x` ``", []),
+        (  # several bare calls, one a line (qwen2.5-coder-0.5b under `auto`)
+            f'{CALL}\n{{"name": "lookup", "arguments": {{"word": "fox"}}}}\n',
+            "",
+            [("get_weather", {"city": "Paris"}), ("lookup", {"word": "fox"})],
+        ),
+        (  # one of them names no offered tool: all text
+            f'{CALL}\n{{"name": "rm_rf", "arguments": {{}}}}',
+            f'{CALL}\n{{"name": "rm_rf", "arguments": {{}}}}',
+            [],
+        ),
+        (f"{CALL} and then", f"{CALL} and then", []),  # prose after the object: text
+        (f"```json\n{CALL}\n{CALL}\n```", "", [("get_weather", {"city": "Paris"})] * 2),
+        (DEEP, DEEP, []),  # nested past the JSON parser's depth: text, not a crash
     ],
 )
 def test_split_whole_and_streamed(
@@ -59,3 +73,12 @@ def test_plain_text_streams_without_waiting() -> None:
     splitter = ToolCallSplitter(NAMES)
     assert [p.text for p in splitter.feed("Hello there")] == ["Hello there"]
     assert [p.text for p in splitter.feed(" <tool")] == [" "]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_bare_call() -> None:
+    text = f'{CALL}\n{{"name": "lookup", "arguments": {{"word": "fox"}}}}'
+    content, calls = split_reply(text, NAMES, one=True)
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
+    splitter = ToolCallSplitter(NAMES, one=True)
+    pieces = [p for ch in text for p in splitter.feed(ch)] + splitter.flush()
+    assert [p.call.name for p in pieces if p.call] == ["get_weather"]

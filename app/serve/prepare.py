@@ -38,6 +38,8 @@ class Prepared:
     """`n`: replies to the same request, run side by side."""
     echo: str = ""
     """A completion's prompt, given back before its text (`echo`)."""
+    one_call: bool = False
+    """At most one tool call (`parallel_tool_calls` false, or a named function)."""
 
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))
@@ -176,7 +178,8 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
         reply_prefix=forced,
     )
     names = frozenset(t.name for t in tools)
-    return _choices(Prepared(request, body.stream, body.include_usage, names, forced), body)
+    prepared = Prepared(request, body.stream, body.include_usage, names, forced, one_call=one_call)
+    return _choices(prepared, body)
 
 
 def _choices(prepared: Prepared, body: SamplingIn) -> Prepared:

@@ -166,6 +166,7 @@ class ChatShape(_Shape):
 
     tools: frozenset[str] = frozenset()
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
+    one_call: bool = False  # at most one tool call (`Prepared.one_call`)
 
     def __post_init__(self) -> None:
         self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
@@ -184,7 +185,7 @@ class ChatShape(_Shape):
 
     def _choice(self, reply: Reply, index: int) -> dict[str, Any]:
         text = self.prefix + reply.text
-        content, calls = split_reply(text, self.tools) if self.tools else (text, [])
+        content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]

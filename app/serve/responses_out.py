@@ -97,6 +97,7 @@ class ResponseShape:
     echo: dict[str, Any]
     tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
+    one_call: bool = False  # at most one tool call (`Prepared.one_call`)
     keep: Callable[[dict[str, Any]], None] | None = None  # `store`: where the answer is kept
     previous: str | None = None  # the kept response this one continues
     id: str = field(default_factory=lambda: _id("resp"))
@@ -136,7 +137,7 @@ class ResponseShape:
 
     def whole(self, reply: Reply) -> dict[str, Any]:
         text = self.prefix + reply.text
-        content, calls = split_reply(text, self.tools) if self.tools else (text, [])
+        content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
         output = [_message(_id("msg"), content, "completed")] if content else []
         output += [_call(_id("fc"), c) for c in calls]
         return self.ended(reply, output)
@@ -238,7 +239,7 @@ async def response_events(
     """The events of one reply (`starts` holds one: the Responses API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape)
-    splitter = ToolCallSplitter(shape.tools) if shape.tools else None
+    splitter = ToolCallSplitter(shape.tools, shape.one_call) if shape.tools else None
     if splitter is not None:
         splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
     yield ev.response("response.created", shape.head("in_progress", []))

@@ -64,6 +64,7 @@ async def create(request: Request) -> Response:
         echo(given, body),
         prepared.tools,
         prepared.reply_prefix,
+        one_call=prepared.one_call,
         keep=keep if given.store else None,
         previous=given.previous_response_id,
     )

@@ -273,7 +273,11 @@ async def chat_completions(request: Request) -> Response:
     prepared = prepared.named(conversation_key(body.conversation_id, prepared))
     logprobs = prepared.request.sampling.logprobs is not None
     shape = ChatShape(
-        service.model.id, tools=prepared.tools, prefix=prepared.reply_prefix, logprobs=logprobs
+        service.model.id,
+        logprobs=logprobs,
+        tools=prepared.tools,
+        prefix=prepared.reply_prefix,
+        one_call=prepared.one_call,
     )
 
     def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:

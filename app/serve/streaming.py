@@ -109,7 +109,7 @@ class _ChatChoice:
 
     def __init__(self, shape: ChatShape, index: int) -> None:
         self.shape, self.index = shape, index
-        self.splitter = ToolCallSplitter(shape.tools) if shape.tools else None
+        self.splitter = ToolCallSplitter(shape.tools, shape.one_call) if shape.tools else None
         if self.splitter is not None:
             self.splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
         self.calls = 0

@@ -84,8 +84,34 @@ def parse_call(block: str) -> ToolCall | None:
     """A ToolCall from the JSON inside one block, or None when it is not one."""
     try:
         data = json.loads(block)
-    except ValueError:
+    except (ValueError, RecursionError):  # a reply of 10,000 "[" is no call either
         return None
+    return _call_of(data)
+
+
+def bare_calls(text: str, names: frozenset[str]) -> list[ToolCall]:
+    """The calls of a reply that is nothing but call objects naming offered tools, one or
+    several with whitespace between (small models write one a line, as llama.cpp's server
+    also reads them); [] when it is anything else."""
+    decoder = json.JSONDecoder()
+    text = text.strip()
+    calls: list[ToolCall] = []
+    pos = 0
+    while pos < len(text):
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return []
+        call = _call_of(value)
+        if call is None or call.name not in names:
+            return []
+        calls.append(call)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return calls
+
+
+def _call_of(data: object) -> ToolCall | None:
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     args = data.get("arguments", data.get("parameters", {}))
@@ -109,8 +135,9 @@ class ToolCallSplitter:
     json code block is held whole: it may be a bare call, known only at its end.
     """
 
-    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+    def __init__(self, names: frozenset[str] = frozenset(), one: bool = False) -> None:
         self._names = names
+        self._one = one  # `parallel_tool_calls` false: bare calls past the first are dropped
         self._buffer = ""
         self._inside = False
         self._bare: bool | None = None if names else False  # None: not known yet
@@ -152,9 +179,9 @@ class ToolCallSplitter:
         if self._bare is not False:
             self._bare = False
             fenced = _FENCED.fullmatch(rest.strip())
-            call = parse_call(fenced.group(1) if fenced else rest.strip())
-            if call is not None and call.name in self._names:
-                return [Piece(call=call)]
+            calls = bare_calls(fenced.group(1) if fenced else rest, self._names)
+            if calls:
+                return [Piece(call=c) for c in calls[: 1 if self._one else None]]
             return self.feed(rest) + self.flush()
         if self._inside:
             self._inside = False
@@ -177,9 +204,12 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def split_reply(text: str, names: frozenset[str] = frozenset()) -> tuple[str, list[ToolCall]]:
-    """(content, tool calls) of a whole reply; `names`: the request's tools (for bare calls)."""
-    splitter = ToolCallSplitter(names)
+def split_reply(
+    text: str, names: frozenset[str] = frozenset(), one: bool = False
+) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole reply; `names`: the request's tools (for bare calls);
+    `one`: at most one bare call (`parallel_tool_calls` false)."""
+    splitter = ToolCallSplitter(names, one)
     pieces = splitter.feed(text) + splitter.flush()
     content = "".join(p.text for p in pieces)
     calls = [p.call for p in pieces if p.call is not None]
