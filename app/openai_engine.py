@@ -96,24 +96,29 @@ def _models(client: httpx.Client, url: str) -> list[ServerModel]:
     except httpx.HTTPError as exc:
         raise NpuchatError(f"cannot reach {url}: {exc}; is the server running?") from None
     if response.status_code == 401:
-        raise NpuchatError(f"{url} wants an API key: give --api-key KEY")
+        raise NpuchatError(f"{url} wants an API key: give --api-key-file FILE or NPUCHAT_API_KEY")
     if response.status_code != 200:
         raise NpuchatError(
             f"{url}/models answered {response.status_code}: {_error_message(response)}"
         )
     out = []
-    for item in response.json().get("data", []):
-        ext = item.get("npuchat") or {}
-        meta = item.get("meta") or {}
-        out.append(
-            ServerModel(
-                id=str(item["id"]),
-                context_length=int(item.get("context_length") or meta.get("n_ctx") or 0),
-                draft=str(ext.get("draft") or ""),
-                device=str(ext.get("device") or ""),
-                npuchat="npuchat" in item,
+    try:
+        for item in response.json().get("data", []):
+            ext = item.get("npuchat") or {}
+            meta = item.get("meta") or {}
+            out.append(
+                ServerModel(
+                    id=str(item["id"]),
+                    context_length=int(item.get("context_length") or meta.get("n_ctx") or 0),
+                    draft=str(ext.get("draft") or ""),
+                    device=str(ext.get("device") or ""),
+                    npuchat="npuchat" in item,
+                )
             )
-        )
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
+        raise NpuchatError(
+            f"{url}/models did not answer as an OpenAI-compatible server does; is the URL right?"
+        ) from None
     return out
 
 
@@ -237,7 +242,7 @@ class _Reply:
 
     def metrics(self) -> Metrics:
         now = time.perf_counter()
-        tokens = int(self.usage.get("completion_tokens") or self.chunks)
+        tokens = _number(self.usage.get("completion_tokens")) or self.chunks
         decode_s = now - self.t_first
         m = replace(
             self.base,
@@ -246,18 +251,19 @@ class _Reply:
             decode_tps=(tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
         )
         if self.usage:
-            cached = int((self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-            prompt = int(self.usage.get("prompt_tokens") or 0)
+            details = _object(self.usage.get("prompt_tokens_details"))
+            cached = _number(details.get("cached_tokens"))
+            prompt = _number(self.usage.get("prompt_tokens"))
             m = replace(m, prefill_tokens=prompt - cached, reused_tokens=cached)
         s = self.server
         if s:  # the figures only an npuchat server knows
             m = replace(
                 m,
-                prefill_tps=float(s.get("prefill_tps", 0.0)),
-                drafted=int(s.get("drafted", 0)),
-                accepted=int(s.get("accepted", 0)),
-                kv_used=int(s.get("kv_used", 0)),
-                kv_capacity=int(s.get("kv_capacity", 0)),
+                prefill_tps=_number(s.get("prefill_tps"), float),
+                drafted=_number(s.get("drafted")),
+                accepted=_number(s.get("accepted")),
+                kv_used=_number(s.get("kv_used")),
+                kv_capacity=_number(s.get("kv_capacity")),
                 draft=str(s.get("draft") or m.draft),
             )
         return m
@@ -290,13 +296,15 @@ class _Reply:
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
+                if not isinstance(chunk, dict):
+                    raise TypeError("a chunk that is not an object")
                 if "error" in chunk:
                     error = chunk["error"]
                     message = error.get("message") if isinstance(error, dict) else error
                     yield Failed(str(message))
                     return
-                self.usage = chunk.get("usage") or self.usage
-                self.server = chunk.get("npuchat") or self.server
+                self.usage = _object(chunk.get("usage")) or self.usage
+                self.server = _object(chunk.get("npuchat")) or self.server
                 for choice in chunk.get("choices") or []:
                     text = _choice_text(choice)
                     if text:
@@ -313,6 +321,12 @@ class _Reply:
             if not self.cancel.is_set():
                 yield Failed(f"the server's reply broke off: {exc}")
                 return
+        except (TypeError, AttributeError, RecursionError) as exc:  # a chunk of another shape
+            yield Failed(
+                f"the server sent a reply npuchat cannot read ({type(exc).__name__}); is it an "
+                "OpenAI-compatible server?"
+            )
+            return
         finally:
             done.set()
         metrics = self.metrics()
@@ -323,6 +337,19 @@ class _Reply:
             yield Failed("the server ended the reply without saying why")
         else:
             yield Finished(_STOP_REASONS.get(finish, "eos"), metrics)
+
+
+def _object(value: object) -> dict[str, Any]:
+    """A field a server may send as an object, else nothing (another server's shape)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: object, kind: type[int] | type[float] = int) -> Any:
+    """A figure a server sent, 0 where it is no number."""
+    try:
+        return kind(value) if isinstance(value, int | float | str) else kind(0)
+    except (ValueError, OverflowError):  # "x", NaN, 1e400 as an int
+        return kind(0)
 
 
 def _choice_text(choice: dict[str, Any]) -> str:
