@@ -227,6 +227,39 @@ def test_a_response_is_the_chat_completion_it_means(path: Path, tmp_path: Path) 
     assert response.usage.output_tokens == chat.usage.completion_tokens > 0
 
 
+def test_log_probabilities_as_the_chat_completion_gives_them(path: Path, tmp_path: Path) -> None:
+    """`top_logprobs` (or `include`): each token's log probability and alternatives on the text
+    part and on the deltas, the same figures as the chat completion's for the same reply."""
+    session = ChatSession.open(
+        path, name="syn", cache_dir=tmp_path, capacities=[256], prefill_chunk=16, accuracy_level=0
+    )
+    engine = ConcurrentEngine(session, max_queue=4)
+    turns = [{"role": "user", "content": "hello world"}]
+    ask = {"model": "syn", "input": turns, "max_output_tokens": 8, "temperature": 0}
+    try:
+        with serving(engine, context_length=256, slots=None) as (server, client):
+            chat = client.chat.completions.create(
+                model="syn",
+                messages=turns,  # type: ignore[arg-type]
+                max_tokens=8,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=2,
+            )
+            whole = Response.model_validate(_post(server.url, {**ask, "top_logprobs": 2}).json())
+            events = _events(server.url, {**ask, "include": ["message.output_text.logprobs"]})
+    finally:
+        engine.close()
+    expected = chat.choices[0].logprobs
+    assert expected is not None and expected.content
+    want = [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in expected.content]
+    part = whole.output[0].content[0]
+    assert [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in part.logprobs] == want
+    streamed = [t for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert [(t.token, t.logprob) for t in streamed] == [(w[0], w[1]) for w in want]
+    assert all(not t.top_logprobs for t in streamed)  # `include` alone: no alternatives
+
+
 def test_a_kept_response_is_continued_fetched_and_deleted() -> None:
     """`store` (the default): the next request names the response instead of sending the
     conversation again, and the engine sees the whole conversation; the instructions are the

@@ -20,6 +20,7 @@ from typing import Any
 
 from .schema import ApiError, RequestModel
 
+LOGPROBS = "message.output_text.logprobs"  # the `include` that asks for them
 MAX_ITEMS = 4096  # input items; a conversation's turns, far more than any context holds
 
 
@@ -37,6 +38,8 @@ class ResponseIn(RequestModel):
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
     store: bool = True
+    top_logprobs: int | None = None
+    include: list[str] | None = None  # only "message.output_text.logprobs" adds anything here
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     priority: str | None = None  # npuchat's extension, as for chat completions
@@ -189,11 +192,22 @@ def as_chat(body: ResponseIn, turns: list[dict[str, Any]]) -> dict[str, Any]:
         "conversation_id": body.conversation_id,
     }
     chat.update({k: v for k, v in optional.items() if v is not None})
+    if wants_logprobs(body):
+        chat.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     return chat
 
 
+def wants_logprobs(body: ResponseIn) -> bool:
+    """Log probabilities come with the text when asked for by either of the API's ways."""
+    return body.top_logprobs is not None or LOGPROBS in (body.include or [])
+
+
 # a chat completion's fields, as this request named them (`as_chat`)
-_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+}
 
 
 def renamed(exc: ApiError) -> ApiError:

@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from npuchat.engine.events import Failed, Finished, TokenDelta, ToolCall
+from npuchat.engine.events import Failed, Finished, TokenDelta, TokenLogprob, ToolCall
 
-from .responses import Reply, recorded, sse
+from .responses import Reply, chat_logprobs, recorded, sse
 from .responses_in import ResponseIn
 from .schema import ChatCompletionIn
 from .streaming import Start
@@ -40,6 +40,7 @@ def echo(given: ResponseIn, chat: ChatCompletionIn) -> dict[str, Any]:
         "temperature": chat.temperature,
         "top_p": chat.top_p,
         "max_output_tokens": given.max_output_tokens,
+        "top_logprobs": given.top_logprobs,
         "text": {"format": fmt},
     }
 
@@ -62,12 +63,19 @@ def _usage(reply: Reply) -> dict[str, Any]:
     }
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [_text_part(text)] if status == "completed" else []
+def _token_logprobs(entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Tokens' log probabilities as a text part and a delta carry them (chat's entries)."""
+    return list(chat_logprobs(entries)["content"])
+
+
+def _message(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    content = [_text_part(text, logprobs)] if status == "completed" else []
     return {
         "type": "message",
         "id": item_id,
@@ -98,6 +106,7 @@ class ResponseShape:
     tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
     one_call: bool = False  # at most one tool call (`Prepared.one_call`)
+    logprobs: bool = False  # the request asked for them (`top_logprobs` or `include`)
     keep: Callable[[dict[str, Any]], None] | None = None  # `store`: where the answer is kept
     previous: str | None = None  # the kept response this one continues
     id: str = field(default_factory=lambda: _id("resp"))
@@ -138,7 +147,8 @@ class ResponseShape:
     def whole(self, reply: Reply) -> dict[str, Any]:
         text = self.prefix + reply.text
         content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
-        output = [_message(_id("msg"), content, "completed")] if content else []
+        probs = _token_logprobs(reply.logprobs) if self.logprobs and not calls else None
+        output = [_message(_id("msg"), content, "completed", probs)] if content else []
         output += [_call(_id("fc"), c) for c in calls]
         return self.ended(reply, output)
 
@@ -161,24 +171,28 @@ class _Events:
     def response(self, kind: str, obj: dict[str, Any]) -> bytes:
         return self.event(kind, response=obj)
 
-    def text_delta(self, text: str) -> list[bytes]:
+    def text_delta(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
         out = []
         if self.message is None:
             self.message = _message(_id("msg"), "", "in_progress")
             self.text = ""
+            self.logprobs: list[dict[str, Any]] = []
             out.append(self._added(self.message))
             out.append(self._part("response.content_part.added", _text_part("")))
         self.text += text
-        out.append(self._text_event("response.output_text.delta", delta=text))
+        self.logprobs += logprobs or []
+        out.append(
+            self._text_event("response.output_text.delta", delta=text, logprobs=logprobs or [])
+        )
         return out
 
     def close_message(self) -> list[bytes]:
         if self.message is None:
             return []
-        done = _message(self.message["id"], self.text, "completed")
+        done = _message(self.message["id"], self.text, "completed", self.logprobs)
         out = [
-            self._text_event("response.output_text.done", text=self.text),
-            self._part("response.content_part.done", _text_part(self.text)),
+            self._text_event("response.output_text.done", text=self.text, logprobs=self.logprobs),
+            self._part("response.content_part.done", _text_part(self.text, self.logprobs)),
             self.event("response.output_item.done", output_index=len(self.output), item=done),
         ]
         self.output.append(done)
@@ -228,7 +242,6 @@ class _Events:
             item_id=self.message["id"],
             output_index=index,
             content_index=0,
-            logprobs=[],
             **fields,
         )
 
@@ -245,9 +258,11 @@ async def response_events(
     yield ev.response("response.created", shape.head("in_progress", []))
     yield ev.response("response.in_progress", shape.head("in_progress", []))
 
-    def pieces(text: str, final: bool = False) -> list[bytes]:
-        if splitter is None:
-            return ev.text_delta(text) if text else []
+    def pieces(
+        text: str, final: bool = False, logprobs: list[dict[str, Any]] | None = None
+    ) -> list[bytes]:
+        if splitter is None:  # with tools, text and calls split apart: no log probabilities
+            return ev.text_delta(text, logprobs) if text else []
         out: list[bytes] = []
         for piece in splitter.flush() if final else splitter.feed(text):
             if piece.call is not None:
@@ -256,9 +271,13 @@ async def response_events(
                 out += ev.text_delta(piece.text)
         return out
 
+    pending: list[dict[str, Any]] = []  # log probabilities of tokens not yet sent
     async for event in recorded(first, rest, reply):
         if isinstance(event, TokenDelta):
-            for chunk in pieces(event.text):
+            if shape.logprobs:  # a token that ends inside a character waits for the next delta
+                pending += _token_logprobs(list(event.logprobs))
+            probs, pending = (pending, []) if event.text else (None, pending)
+            for chunk in pieces(event.text, logprobs=probs):
                 yield chunk
     done([reply])
     if isinstance(reply.terminal, Failed):

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from .prepare import prepare_chat
 from .response_store import MAX_KEPT
 from .responses import Reply
-from .responses_in import ResponseIn, as_chat, history, renamed
+from .responses_in import ResponseIn, as_chat, history, renamed, wants_logprobs
 from .responses_out import ResponseShape, echo, response_events
 from .routes import Service, check_model, conversation_key, read_json, run_reply
 from .schema import ApiError, ChatCompletionIn, parse
@@ -65,6 +65,7 @@ async def create(request: Request) -> Response:
         prepared.tools,
         prepared.reply_prefix,
         one_call=prepared.one_call,
+        logprobs=wants_logprobs(given),
         keep=keep if given.store else None,
         previous=given.previous_response_id,
     )
