@@ -70,6 +70,10 @@ class SamplingParams:
     logprobs: int | None = None  # each token's log probability, with this many likeliest
     json_schema: str | None = None  # the reply is JSON this schema allows (`grammar`)
     grammar: str | None = None  # or text this Lark grammar (llguidance's) allows
+    grammar_after: tuple[str, str] | None = None
+    """(token text, Lark grammar): free text until the reply writes that token (one token of
+    the vocabulary), the rest held to the grammar; llama.cpp's lazy grammar, which holds a
+    tool call the model starts under `auto` to the tools' schemas. Unused with the two above."""
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's
     seed: int | None = None
     max_tokens: int = 1024

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -134,6 +135,27 @@ def constraint_for(
         first = matcher.get_error().strip().splitlines()[:1] or ["unknown error"]
         raise InvalidRequestError(f"{what} cannot be used: {first[0][:300]}")
     return Constraint(matcher, tokenizer.vocab_size)
+
+
+def lazy_constraint(
+    tokenizer: Tokenizer, after: tuple[str, str] | None
+) -> tuple[int, Callable[[], Constraint]] | None:
+    """`SamplingParams.grammar_after` as (the token that starts the held part, a maker of its
+    constraint, compiled only when the token comes); None where there is none or the text is
+    not one token of this vocabulary (the reply is then free text, as without it)."""
+    if after is None:
+        return None
+    text, lark = after
+    token = tokenizer.token_to_id(text)
+    if token is None:
+        return None
+
+    def make() -> Constraint:
+        shape = constraint_for(tokenizer, None, lark)
+        assert shape is not None  # a grammar was given
+        return shape
+
+    return token, make
 
 
 class Constraint:

@@ -78,9 +78,11 @@ def stream_reply(
     metrics: Metrics,
     shape: Constraint | None,
     clock: Callable[[], float],
+    lazy: tuple[int, Callable[[], Constraint]] | None = None,
 ) -> Iterator[Event]:
     """The events of one reply after its prompt `ids` (`logits`: after the last of them);
-    `shape`: the JSON schema the reply is held to (None: free text)."""
+    `shape`: the JSON schema the reply is held to (None: free text); `lazy`: a token and the
+    constraint the rest of the reply is held to once that token is written (`lazy_constraint`)."""
     base = replace(
         metrics,
         prefill_tokens=len(ids) - reused,
@@ -161,6 +163,14 @@ def stream_reply(
                 extra = len(queue) - 1 - j
                 if extra > 0:
                     seq.rollback(seq.n_past - extra)
+                break
+            if lazy is not None and shape is None and token == lazy[0]:
+                shape = lazy[1]()  # the rest is held: drafts accepted past the token are dropped
+                drop = len(queue) - 1 - j
+                if drop > 0:
+                    seq.rollback(seq.n_past - drop)
+                    del sampler.history[-drop:]
+                    queue = queue[: j + 1]
                 break
         if stop is not None:
             break

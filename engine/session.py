@@ -35,7 +35,7 @@ from .events import (
     SamplingParams,
     ToolSpec,
 )
-from .grammar import constraint_for
+from .grammar import constraint_for, lazy_constraint
 from .model import Model
 from .peer_prefix import RowPeers
 from .prefix_store import PrefixStore
@@ -45,8 +45,7 @@ from .sampling_domain import sampling_problems
 from .sequence import Sequence
 from .session_options import MIN_PREFIX_BUDGET, SessionOptions
 from .speculative import SpeculativeDecoder
-from .tokenizer import Tokenizer
-from .tokenizer import cache_path as tokenizer_cache_path
+from .tokenizer import Tokenizer, cache_path
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +121,9 @@ class ChatSession:
             **model_kw,  # type: ignore[arg-type]
         )
         try:  # from the model's open file: parsing the GGUF again cost ~0.3 s on a 150k vocab
-            kept = tokenizer_cache_path(cache_dir / "tokenizers", model.sha256)
-            tokenizer = Tokenizer.from_gguf(model.gguf, kept)
+            tokenizer = Tokenizer.from_gguf(
+                model.gguf, cache_path(cache_dir / "tokenizers", model.sha256)
+            )
             template = ChatTemplate.from_gguf(model.gguf)
         except BaseException:
             model.close()
@@ -360,6 +360,7 @@ class ChatSession:
                     f"{self.model.max_capacity}; shorten it"
                 )
         shape = constraint_for(self.tokenizer, params.json_schema, params.grammar)
+        lazy = lazy_constraint(self.tokenizer, params.grammar_after) if shape is None else None
         store = store_lock or contextlib.nullcontext()
         if peers is not None:
             peers.claim(ids, cancel)
@@ -398,4 +399,5 @@ class ChatSession:
             metrics=Metrics(model=self._name, device=self._device),
             shape=shape,
             clock=clock,
+            lazy=lazy,
         )

@@ -23,6 +23,7 @@ from npuchat.engine.events import (
     ToolCall,
     ToolSpec,
 )
+from npuchat.engine.grammar import grammar_problem
 
 MODEL = "scripted-1b"
 USER = [{"role": "user", "content": "Hi"}]
@@ -176,6 +177,28 @@ def test_parallel_tool_calls_false_allows_one_call() -> None:
     assert required.grammar is not None and "NEXT" not in required.grammar
     assert "</tool_call>" in required.stop and "</tool_call>" in auto.stop
     assert auto.grammar is None
+    assert auto.grammar_after is not None and "NEXT" not in auto.grammar_after[1]
+
+
+def test_under_auto_a_call_the_model_opens_is_held_to_the_tools() -> None:
+    """`auto`: free text, with the grammar of the calls after a `<tool_call>` the model writes
+    (it compiles, opens with the newline after the tag, and allows several); none with
+    `response_format` (the whole reply is held to that) or with `tool_choice: none`."""
+    engine = ScriptedEngine(lambda req: ScriptedReply(["ok"]))
+    with serving(engine) as (_, client):
+        for extra in ({}, {"response_format": {"type": "json_object"}}, {"tool_choice": "none"}):
+            client.chat.completions.create(
+                model=MODEL,
+                messages=USER,
+                tools=[WEATHER_TOOL],
+                **extra,  # type: ignore[arg-type]
+            )
+    auto, json_mode, none = (r.sampling for r in engine.requests)
+    assert auto.grammar is None and auto.grammar_after is not None
+    trigger, grammar = auto.grammar_after
+    assert trigger == "<tool_call>" and grammar_problem(grammar) is None
+    assert 'LEAD: "\\n"' in grammar and "NEXT" in grammar and '"const": "get_weather"' in grammar
+    assert json_mode.grammar_after is None and none.grammar_after is None
 
 
 def test_a_forced_calls_grammar_compiles_off_the_event_loop(
@@ -189,7 +212,9 @@ def test_a_forced_calls_grammar_compiles_off_the_event_loop(
     answered, compiling = threading.Event(), threading.Event()
     compile_grammar = prepare.call_grammar
 
-    def slow(tools: Any, name: str | None, several: bool) -> str | None:
+    def slow(tools: Any, name: str | None, several: bool, lead: str = "") -> str | None:
+        if lead:  # the `auto` grammar, not the forced call's held here
+            return compile_grammar(tools, name, several, lead)
         compiling.set()
         answered.wait(10)
         return compile_grammar(tools, name, several)

@@ -165,6 +165,11 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
     if grammar is not None:  # a forced call is no reply `response_format` speaks of
         sampling = replace(sampling, grammar=grammar, json_schema=None)
     one_call = isinstance(body.tool_choice, NamedToolChoice) or not body.parallel_tool_calls
+    if tools and not forced and sampling.json_schema is None:
+        # `auto`: free text, but a call the model opens is held to the tools' schemas
+        after = call_grammar(tools, None, several=not one_call, lead="\n")
+        if after is not None:
+            sampling = replace(sampling, grammar_after=(OPEN, after))
     if tools and one_call:  # one call: the reply ends with its block
         sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
     request = ChatRequest(

@@ -41,10 +41,14 @@ def forced_call_prefix(name: str | None) -> str:
     return OPEN + "\n" + json.dumps({"name": name})[:-1] + ', "arguments": '
 
 
-def call_grammar(tools: tuple[ToolSpec, ...], name: str | None, several: bool) -> str | None:
+def call_grammar(
+    tools: tuple[ToolSpec, ...], name: str | None, several: bool, lead: str = ""
+) -> str | None:
     """The Lark grammar of what follows a forced call's opening (module doc): a call to `name`
-    (None: to any of `tools`), one or, given `several`, more; None where llguidance cannot
-    compile it as a whole (a tool's parameters it cannot compile are left out: `_parameters`)."""
+    (None: to any of `tools`), one or, given `several`, more; `lead`: text before the first
+    call (the newline after a `<tool_call>` the model wrote itself); None where llguidance
+    cannot compile it as a whole (a tool's parameters it cannot compile are left out:
+    `_parameters`)."""
     calls = [
         {
             "type": "object",
@@ -56,7 +60,10 @@ def call_grammar(tools: tuple[ToolSpec, ...], name: str | None, several: bool) -
         if name is None or t.name == name
     ]
     one = not several
-    lines = ["start: call END?" if one else "start: call (NEXT call)* END?"]
+    head = "start: LEAD call" if lead else "start: call"
+    lines = [head + (" END?" if one else " (NEXT call)* END?")]
+    if lead:
+        lines.append(f"LEAD: {json.dumps(lead)}")
     if not one:
         lines.append(f"NEXT: {json.dumps(chr(10) + CLOSE + chr(10) + OPEN + chr(10))}")
     lines += [f"END: {json.dumps(chr(10) + CLOSE)}", f"call: {embedded_json({'anyOf': calls})}"]

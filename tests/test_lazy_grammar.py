@@ -1,0 +1,103 @@
+"""A grammar that holds only the part of a reply after a token (`SamplingParams.grammar_after`,
+llama.cpp's lazy grammar: a tool call the model opens under `auto`), on a synthetic model,
+greedy: free text up to the token, exactly as without the grammar; after it only what the
+grammar allows (checked by a fresh matcher), ending where the grammar is complete; and the same
+tokens with prompt-lookup drafts, whose accepted tokens past the trigger are dropped and
+decoded again under the grammar."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npuchat.engine.drafters import Draft, Drafter, LookupDrafter, _Stats
+from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
+from npuchat.engine.grammar import constraint_for, embedded_json
+from npuchat.engine.session import ChatSession
+from npuchat.engine.speculative import SpeculativeDecoder
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}},
+    "required": ["colour"],
+    "additionalProperties": False,
+}
+AFTER = f"start: {embedded_json(SCHEMA)}\n"  # the whitespace bound a reply's schema gets
+PROMPT = "the quick fox the quick fox the quick fox"
+
+
+class _Oracle(Drafter):
+    """Drafts the free reply's next tokens: past the trigger they are what the model chooses
+    without the grammar, so a round accepts tokens the grammar must then take back."""
+
+    name = "oracle"
+    free = True
+
+    def __init__(self, prompt: int, reply: list[int]) -> None:
+        self.stats = _Stats()
+        self.prompt, self.reply = prompt, reply
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        history: Sequence[int],
+        rng: np.random.Generator,
+    ) -> Draft:
+        so_far = list(context[self.prompt :])
+        if so_far != self.reply[: len(so_far)]:
+            return Draft([])
+        return Draft(self.reply[len(so_far) : len(so_far) + k])
+
+
+def _reply(session: ChatSession, after: tuple[str, str] | None) -> tuple[list[int], Finished]:
+    params = SamplingParams(temperature=0.0, max_tokens=80, grammar_after=after)
+    request = ChatRequest("c", "", (ChatMessage("user", PROMPT),), params)
+    events = list(session.generate(request, threading.Event()))
+    final = events[-1]
+    assert isinstance(final, Finished), final
+    return [t for e in events if isinstance(e, TokenDelta) for t in e.ids], final
+
+
+@pytest.fixture
+def session(synthetic_gguf: Callable[..., Path], tmp_path: Path) -> ChatSession:
+    path = synthetic_gguf("qwen2", seed=11)
+    return ChatSession.open(
+        path, name="syn", cache_dir=tmp_path, capacities=[512], accuracy_level=0
+    )
+
+
+def test_the_part_after_the_token_is_held_and_the_rest_is_free(session: ChatSession) -> None:
+    try:
+        free, _ = _reply(session, None)
+        # the trigger: a token the free reply writes a few tokens in
+        at = next(i for i in range(3, len(free)) if free[i] not in free[:i])
+        trigger = session.tokenizer.token_text(free[at])
+        assert session.tokenizer.token_to_id(trigger) == free[at]
+        held, final = _reply(session, (trigger, AFTER))
+        spec = SpeculativeDecoder(session.model, [LookupDrafter()], fixed_k=3)
+        session.speculative = spec
+        drafted, _ = _reply(session, (trigger, AFTER))
+        prompt = len(session.prompt_ids("", [ChatMessage("user", PROMPT)]))
+        oracle = SpeculativeDecoder(session.model, [_Oracle(prompt, free)], fixed_k=4)
+        session.speculative = oracle
+        overrun, _ = _reply(session, (trigger, AFTER))
+        untriggered, _ = _reply(session, ("<|endoftext|>", AFTER))  # never written: free
+        tokenizer = session.tokenizer
+    finally:
+        session.close()
+    assert held[: at + 1] == free[: at + 1]  # nothing held before the token
+    assert held != free and final.stop_reason == "eos"
+    rest = held[at + 1 :]
+    shape = constraint_for(tokenizer, None, AFTER)
+    assert shape is not None
+    assert all(shape.consume(t) for t in rest) and shape.done  # a whole value, nothing after
+    assert drafted == held and spec.stats.accepted > 0
+    assert overrun == held  # accepted past the trigger, dropped and decoded under the grammar
+    assert oracle.stats.accepted > at
+    assert untriggered == free
