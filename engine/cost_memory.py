@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,17 @@ def recall(costs: CostModel, folder: Path, key: str) -> bool:
     for width, t in sorted(widths.items()):
         costs.record_verify(width, t)  # type: ignore[arg-type]
     return True
+
+
+def recall_or_measure(
+    costs: CostModel, folder: Path | None, key: str, measure: Callable[[], None]
+) -> None:
+    """`costs` from the figures kept under `key`, else `measure()` them and keep what it
+    found for the next start (`folder` None: measure, keep nothing)."""
+    if folder is None or not recall(costs, folder, key):
+        measure()
+        if folder is not None:
+            remember(costs, folder, key)
 
 
 def remember(costs: CostModel, folder: Path, key: str) -> None:

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from .chat_template import ChatTemplate
-from .cost_memory import recall, remember
+from .cost_memory import recall_or_measure
 from .cpu_info import machine_identity
 from .drafters import Drafter
 from .errors import InvalidRequestError, NpuchatError, RequestCancelled
@@ -162,13 +162,9 @@ class ChatSession:
         """A speculative decoder over this session's model, its cost model calibrated (or
         given what the last start on this machine measured: `cost_memory`)."""
         decoder = SpeculativeDecoder(self.model, drafters, **kw)  # type: ignore[arg-type]
-        where = self._costs_dir
         m = self.model
         key = f"{m.graph_dir.name} threads={m.threads} k={decoder.max_k} {machine_identity()}"
-        if where is None or not recall(decoder.costs, where, key):
-            decoder.calibrate(self.seq)
-            if where is not None:
-                remember(decoder.costs, where, key)
+        recall_or_measure(decoder.costs, self._costs_dir, key, lambda: decoder.calibrate(self.seq))
         return decoder
 
     @contextmanager
