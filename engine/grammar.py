@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import InvalidRequestError
+from .events import SamplingParams
 from .sampler import Sampler
 from .tokenizer import Tokenizer, TokenType
 
@@ -147,15 +148,39 @@ def lazy_constraint(
         return None
     text, lark = after
     token = tokenizer.token_to_id(text)
-    if token is None:
-        return None
+    return None if token is None else (token, _maker(tokenizer, lark))
 
+
+def prefix_constraint(
+    tokenizer: Tokenizer, starts: tuple[str, str] | None
+) -> tuple[str, Callable[[], Constraint]] | None:
+    """`SamplingParams.grammar_if_starts` as (the text, a maker of the whole reply's
+    constraint, compiled only when a reply starts so); None where there is none."""
+    if starts is None:
+        return None
+    text, lark = starts
+    return text, _maker(tokenizer, lark)
+
+
+def later_constraints(
+    tokenizer: Tokenizer, params: SamplingParams
+) -> tuple[
+    tuple[int, Callable[[], Constraint]] | None, tuple[str, Callable[[], Constraint]] | None
+]:
+    """A reply's `lazy_constraint` and `prefix_constraint` (for `stream_reply`)."""
+    return (
+        lazy_constraint(tokenizer, params.grammar_after),
+        prefix_constraint(tokenizer, params.grammar_if_starts),
+    )
+
+
+def _maker(tokenizer: Tokenizer, lark: str) -> Callable[[], Constraint]:
     def make() -> Constraint:
         shape = constraint_for(tokenizer, None, lark)
         assert shape is not None  # a grammar was given
         return shape
 
-    return token, make
+    return make
 
 
 class Constraint:

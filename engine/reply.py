@@ -79,10 +79,13 @@ def stream_reply(
     shape: Constraint | None,
     clock: Callable[[], float],
     lazy: tuple[int, Callable[[], Constraint]] | None = None,
+    starts: tuple[str, Callable[[], Constraint]] | None = None,
 ) -> Iterator[Event]:
     """The events of one reply after its prompt `ids` (`logits`: after the last of them);
     `shape`: the JSON schema the reply is held to (None: free text); `lazy`: a token and the
-    constraint the rest of the reply is held to once that token is written (`lazy_constraint`)."""
+    constraint the rest of the reply is held to once that token is written (`lazy_constraint`);
+    `starts`: a text and the constraint the whole reply is held to if it starts so
+    (`prefix_constraint`)."""
     base = replace(
         metrics,
         prefill_tokens=len(ids) - reused,
@@ -133,12 +136,27 @@ def stream_reply(
             draft=speculative.name,
         )
 
+    written: list[int] = []  # the reply's tokens so far (a `starts` constraint takes them)
+    head = ""  # its text while `starts` is undecided
+
     stop: StopReason | None = None
     # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache;
     # `probs[j]`: queue[j]'s log probability entries, from the logits it was chosen by
     first = next_token(logits, sampler, shape)
     queue, probs = [first], [logprob(logits, first)]
     now = clock()
+
+    def held_from(j: int, made: Constraint) -> None:
+        """Hold the reply to `made` after queue[j]; drafts accepted past it are dropped (the
+        cache and the sampler's history with them) and decoded again under it."""
+        nonlocal shape, queue
+        shape = made
+        drop = len(queue) - 1 - j
+        if drop > 0:
+            seq.rollback(seq.n_past - drop)
+            del sampler.history[-drop:]
+            queue = queue[: j + 1]
+
     while True:
         for j, token in enumerate(queue):
             generated += 1
@@ -148,7 +166,10 @@ def stream_reply(
             if (token in stop_ids and not params.ignore_eos) or token < 0:
                 stop = "eos"
             else:
-                text, hit = stops.feed(detok.push(token))
+                piece = detok.push(token)
+                written.append(token)
+                head += piece if starts is not None else ""
+                text, hit = stops.feed(piece)
                 yield TokenDelta(text, (token,), probs[j])
                 if hit:
                     stop = "stop_string"
@@ -165,13 +186,17 @@ def stream_reply(
                     seq.rollback(seq.n_past - extra)
                 break
             if lazy is not None and shape is None and token == lazy[0]:
-                shape = lazy[1]()  # the rest is held: drafts accepted past the token are dropped
-                drop = len(queue) - 1 - j
-                if drop > 0:
-                    seq.rollback(seq.n_past - drop)
-                    del sampler.history[-drop:]
-                    queue = queue[: j + 1]
+                held_from(j, lazy[1]())
                 break
+            if starts is not None and shape is None:
+                begun = "".join(head.split())  # `{ "name"` and `{\n  "name"` start so too
+                if begun.startswith(starts[0]):
+                    made, starts = starts[1](), None
+                    if all(made.consume(t) for t in written):  # else the reply stays free
+                        held_from(j, made)
+                        break
+                elif not starts[0].startswith(begun):
+                    starts = None  # the reply started otherwise
         if stop is not None:
             break
         token = queue[-1]

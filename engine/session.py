@@ -35,7 +35,7 @@ from .events import (
     SamplingParams,
     ToolSpec,
 )
-from .grammar import constraint_for, lazy_constraint
+from .grammar import constraint_for, later_constraints
 from .model import Model
 from .peer_prefix import RowPeers
 from .prefix_store import PrefixStore
@@ -356,7 +356,7 @@ class ChatSession:
                     f"{self.model.max_capacity}; shorten it"
                 )
         shape = constraint_for(self.tokenizer, params.json_schema, params.grammar)
-        lazy = lazy_constraint(self.tokenizer, params.grammar_after) if shape is None else None
+        lazy, starts = later_constraints(self.tokenizer, params) if shape is None else (None, None)
         store = store_lock or contextlib.nullcontext()
         if peers is not None:
             peers.claim(ids, cancel)
@@ -396,4 +396,5 @@ class ChatSession:
             shape=shape,
             clock=clock,
             lazy=lazy,
+            starts=starts,
         )

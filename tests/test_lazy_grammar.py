@@ -7,6 +7,7 @@ decoded again under the grammar."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,8 +56,14 @@ class _Oracle(Drafter):
         return Draft(self.reply[len(so_far) : len(so_far) + k])
 
 
-def _reply(session: ChatSession, after: tuple[str, str] | None) -> tuple[list[int], Finished]:
-    params = SamplingParams(temperature=0.0, max_tokens=80, grammar_after=after)
+def _reply(
+    session: ChatSession,
+    after: tuple[str, str] | None,
+    starts: tuple[str, str] | None = None,
+) -> tuple[list[int], Finished]:
+    params = SamplingParams(
+        temperature=0.0, max_tokens=80, grammar_after=after, grammar_if_starts=starts
+    )
     request = ChatRequest("c", "", (ChatMessage("user", PROMPT),), params)
     events = list(session.generate(request, threading.Event()))
     final = events[-1]
@@ -101,3 +108,41 @@ def test_the_part_after_the_token_is_held_and_the_rest_is_free(session: ChatSess
     assert overrun == held  # accepted past the trigger, dropped and decoded under the grammar
     assert oracle.stats.accepted > at
     assert untriggered == free
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())
+
+
+def test_a_reply_that_starts_so_is_held_from_its_first_token(session: ChatSession) -> None:
+    """`grammar_if_starts`: the reply begins as the free one, and once its text (whitespace
+    left out) starts with the given text, the whole of it is held to the grammar, the tokens
+    already written included: here the free reply's opening as a literal, then a JSON value.
+    A reply that starts otherwise stays free."""
+    try:
+        free, _ = _reply(session, None)
+        tok = session.tokenizer
+        k = next(
+            i
+            for i in range(1, len(free))
+            if _squeezed(tok.decode(free[:i]))
+            and len(_squeezed(tok.decode(free[: i + 1]))) > len(_squeezed(tok.decode(free[:i])))
+        )
+        opening = tok.decode(free[: k + 1])
+        lark = f"start: OPENING {embedded_json(SCHEMA)}\nOPENING: {json.dumps(opening)}\n"
+        starts = (_squeezed(opening), lark)
+        held, final = _reply(session, None, starts)
+        prompt = len(session.prompt_ids("", [ChatMessage("user", PROMPT)]))
+        oracle = SpeculativeDecoder(session.model, [_Oracle(prompt, free)], fixed_k=4)
+        session.speculative = oracle
+        overrun, _ = _reply(session, None, starts)
+        session.speculative = None
+        other, _ = _reply(session, None, ("zz-not-how-it-starts", lark))
+    finally:
+        session.close()
+    assert held[: k + 1] == free[: k + 1] and held != free and final.stop_reason == "eos"
+    shape = constraint_for(tok, None, lark)
+    assert shape is not None
+    assert all(shape.consume(t) for t in held) and shape.done
+    assert overrun == held and oracle.stats.accepted > k
+    assert other == free

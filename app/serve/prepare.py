@@ -20,7 +20,7 @@ from .schema import (
     SamplingIn,
     ToolCallIn,
 )
-from .tools import CLOSE, OPEN, call_grammar, forced_call_prefix
+from .tools import BARE_OPENING, CLOSE, OPEN, bare_call_grammar, call_grammar, forced_call_prefix
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,9 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
         after = call_grammar(tools, None, several=not one_call, lead="\n")
         if after is not None:
             sampling = replace(sampling, grammar_after=(OPEN, after))
+        bare = bare_call_grammar(tools, several=not one_call)  # as small models write them
+        if bare is not None:
+            sampling = replace(sampling, grammar_if_starts=(BARE_OPENING, bare))
     if tools and one_call:  # one call: the reply ends with its block
         sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
     request = ChatRequest(

@@ -28,6 +28,7 @@ from npuchat.engine.events import ToolCall, ToolSpec
 from npuchat.engine.grammar import embedded_json, grammar_problem
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+BARE_OPENING = '{"name"'  # how a bare call begins, whitespace left out (`bare_call_grammar`)
 FENCE = "```json"
 _FENCED = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
 
@@ -49,6 +50,32 @@ def call_grammar(
     call (the newline after a `<tool_call>` the model wrote itself); None where llguidance
     cannot compile it as a whole (a tool's parameters it cannot compile are left out:
     `_parameters`)."""
+    one = not several
+    head = "start: LEAD call" if lead else "start: call"
+    lines = [head + (" END?" if one else " (NEXT call)* END?")]
+    if lead:
+        lines.append(f"LEAD: {json.dumps(lead)}")
+    if not one:
+        lines.append(f"NEXT: {json.dumps(chr(10) + CLOSE + chr(10) + OPEN + chr(10))}")
+    lines += [f"END: {json.dumps(chr(10) + CLOSE)}", _call_rule(tools, name)]
+    lark = "\n".join(lines) + "\n"
+    return lark if grammar_problem(lark) is None else None
+
+
+def bare_call_grammar(tools: tuple[ToolSpec, ...], several: bool) -> str | None:
+    """The Lark grammar of a reply that is bare call objects, as small models write calls
+    (`bare_calls`): one or, given `several`, more a line apart, nothing after; None where
+    llguidance cannot compile it."""
+    lines = ["start: WS? call" + ("" if not several else " (SEP call)*"), r"WS: /[ \t\n]+/"]
+    if several:
+        lines.append(r"SEP: /[ \t]*\n[ \t\n]*/")
+    lark = "\n".join([*lines, _call_rule(tools, None)]) + "\n"
+    return lark if grammar_problem(lark) is None else None
+
+
+def _call_rule(tools: tuple[ToolSpec, ...], name: str | None) -> str:
+    """The rule of one call object: a tool's name (`name`'s, or any of `tools`) and the
+    arguments its parameters' schema allows."""
     calls = [
         {
             "type": "object",
@@ -59,16 +86,7 @@ def call_grammar(
         for t in tools
         if name is None or t.name == name
     ]
-    one = not several
-    head = "start: LEAD call" if lead else "start: call"
-    lines = [head + (" END?" if one else " (NEXT call)* END?")]
-    if lead:
-        lines.append(f"LEAD: {json.dumps(lead)}")
-    if not one:
-        lines.append(f"NEXT: {json.dumps(chr(10) + CLOSE + chr(10) + OPEN + chr(10))}")
-    lines += [f"END: {json.dumps(chr(10) + CLOSE)}", f"call: {embedded_json({'anyOf': calls})}"]
-    lark = "\n".join(lines) + "\n"
-    return lark if grammar_problem(lark) is None else None
+    return f"call: {embedded_json({'anyOf': calls})}"
 
 
 def _parameters(tool: ToolSpec) -> object:
