@@ -42,7 +42,9 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
         models = None  # the server knows its models; the picker offers the local catalog
     else:
         if args.server_api_key is not None or args.server_api_key_file is not None:
-            raise NpuchatError("--api-key is the key for --server URL; give the server too")
+            raise NpuchatError(
+                "--api-key and --api-key-file are the key for --server URL; give the server too"
+            )
         ctx.catalog.get(settings.model)  # unknown names fail here, before the screen opens
         check_draft(settings.draft)
         pick_device(settings.device)

@@ -21,7 +21,7 @@ def cmd_tokenize(ctx: AppContext, model: str, text: str, special: bool) -> int:
     if text == "-":
         text = sys.stdin.read()
     cache = ctx.paths.cache_dir
-    kept = cache_path(cache / "tokenizers", model_sha256(path, cache))
+    kept = cache_path(cache, model_sha256(path, cache))
     with GGUFFile(path) as g:
         tok = Tokenizer.from_gguf(g, kept)
     print(json.dumps(tok.encode(text, parse_special=special)))

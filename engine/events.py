@@ -77,7 +77,7 @@ class SamplingParams:
     grammar_if_starts: tuple[str, str] | None = None
     """(text, Lark grammar): a reply whose text, whitespace left out, starts with that text is
     held to the grammar from its first token, the tokens already written included (a small
-    model's bare `{"name": ...}` call under `auto`); else free."""
+    model's bare `{"name": ...}` call under `auto`); else free. Unused with the first two."""
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's
     seed: int | None = None
     max_tokens: int = 1024

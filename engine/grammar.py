@@ -138,49 +138,29 @@ def constraint_for(
     return Constraint(matcher, tokenizer.vocab_size)
 
 
-def lazy_constraint(
-    tokenizer: Tokenizer, after: tuple[str, str] | None
-) -> tuple[int, Callable[[], Constraint]] | None:
-    """`SamplingParams.grammar_after` as (the token that starts the held part, a maker of its
-    constraint, compiled only when the token comes); None where there is none or the text is
-    not one token of this vocabulary (the reply is then free text, as without it)."""
-    if after is None:
-        return None
-    text, lark = after
-    token = tokenizer.token_to_id(text)
-    return None if token is None else (token, _maker(tokenizer, lark))
-
-
-def prefix_constraint(
-    tokenizer: Tokenizer, starts: tuple[str, str] | None
-) -> tuple[str, Callable[[], Constraint]] | None:
-    """`SamplingParams.grammar_if_starts` as (the text, a maker of the whole reply's
-    constraint, compiled only when a reply starts so); None where there is none."""
-    if starts is None:
-        return None
-    text, lark = starts
-    return text, _maker(tokenizer, lark)
+Later = Callable[[], "Constraint"]
+"""Makes a constraint that starts mid-reply, compiled only when the reply gets there."""
 
 
 def later_constraints(
     tokenizer: Tokenizer, params: SamplingParams
-) -> tuple[
-    tuple[int, Callable[[], Constraint]] | None, tuple[str, Callable[[], Constraint]] | None
-]:
-    """A reply's `lazy_constraint` and `prefix_constraint` (for `stream_reply`)."""
-    return (
-        lazy_constraint(tokenizer, params.grammar_after),
-        prefix_constraint(tokenizer, params.grammar_if_starts),
-    )
+) -> tuple[tuple[int, Later] | None, tuple[str, Later] | None]:
+    """`SamplingParams.grammar_after` as (the token that starts the held part, its maker),
+    None where the text is not one token of this vocabulary (the reply is then free, as
+    without it); and `grammar_if_starts` as (the text, the whole reply's maker)."""
 
+    def maker(lark: str) -> Later:
+        def make() -> Constraint:
+            shape = constraint_for(tokenizer, None, lark)
+            assert shape is not None  # a grammar was given
+            return shape
 
-def _maker(tokenizer: Tokenizer, lark: str) -> Callable[[], Constraint]:
-    def make() -> Constraint:
-        shape = constraint_for(tokenizer, None, lark)
-        assert shape is not None  # a grammar was given
-        return shape
+        return make
 
-    return make
+    after, starts = params.grammar_after, params.grammar_if_starts
+    token = tokenizer.token_to_id(after[0]) if after is not None else None
+    lazy = (token, maker(after[1])) if after is not None and token is not None else None
+    return lazy, (starts[0], maker(starts[1])) if starts is not None else None
 
 
 class Constraint:

@@ -29,7 +29,7 @@ from .events import (
     TokenDelta,
     TokenLogprob,
 )
-from .grammar import Constraint, next_token
+from .grammar import Constraint, Later, next_token
 from .logprobs import token_logprob
 from .sampler import Sampler
 from .sequence import Sequence
@@ -78,14 +78,13 @@ def stream_reply(
     metrics: Metrics,
     shape: Constraint | None,
     clock: Callable[[], float],
-    lazy: tuple[int, Callable[[], Constraint]] | None = None,
-    starts: tuple[str, Callable[[], Constraint]] | None = None,
+    lazy: tuple[int, Later] | None = None,
+    starts: tuple[str, Later] | None = None,
 ) -> Iterator[Event]:
     """The events of one reply after its prompt `ids` (`logits`: after the last of them);
     `shape`: the JSON schema the reply is held to (None: free text); `lazy`: a token and the
-    constraint the rest of the reply is held to once that token is written (`lazy_constraint`);
-    `starts`: a text and the constraint the whole reply is held to if it starts so
-    (`prefix_constraint`)."""
+    constraint the rest of the reply is held to once that token is written; `starts`: a text
+    and the constraint the whole reply is held to if it starts so (`later_constraints`)."""
     base = replace(
         metrics,
         prefill_tokens=len(ids) - reused,
@@ -136,8 +135,8 @@ def stream_reply(
             draft=speculative.name,
         )
 
-    written: list[int] = []  # the reply's tokens so far (a `starts` constraint takes them)
-    head = ""  # its text while `starts` is undecided
+    written: list[int] = []  # the reply's tokens and text while `starts` is undecided (the
+    head = ""  # constraint it makes takes them)
 
     stop: StopReason | None = None
     # `queue`: the next reply tokens; all but the last are accepted drafts already in the cache;
@@ -167,8 +166,9 @@ def stream_reply(
                 stop = "eos"
             else:
                 piece = detok.push(token)
-                written.append(token)
-                head += piece if starts is not None else ""
+                if starts is not None:
+                    written.append(token)
+                    head += piece
                 text, hit = stops.feed(piece)
                 yield TokenDelta(text, (token,), probs[j])
                 if hit:

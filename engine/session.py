@@ -121,9 +121,7 @@ class ChatSession:
             **model_kw,  # type: ignore[arg-type]
         )
         try:  # from the model's open file: parsing the GGUF again cost ~0.3 s on a 150k vocab
-            tokenizer = Tokenizer.from_gguf(
-                model.gguf, cache_path(cache_dir / "tokenizers", model.sha256)
-            )
+            tokenizer = Tokenizer.from_gguf(model.gguf, cache_path(cache_dir, model.sha256))
             template = ChatTemplate.from_gguf(model.gguf)
         except BaseException:
             model.close()

@@ -32,10 +32,11 @@ __all__ = ["StreamDecoder", "TokenType", "Tokenizer", "TokenizerError", "cache_p
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def cache_path(folder: Path, model_sha256: str) -> Path:
-    """Where `from_gguf` keeps the tokenizer of the model with this sha256: a change to this
-    module, which decides what is built too, gives a new file."""
-    return cache_file(folder, model_sha256, Path(__file__))
+def cache_path(cache_dir: Path, model_sha256: str) -> Path:
+    """Where `from_gguf` keeps the tokenizer of the model with this sha256 under the cache
+    folder `cache_dir`: a change to this module, which decides what is built too, gives a new
+    file."""
+    return cache_file(cache_dir / "tokenizers", model_sha256, Path(__file__))
 
 
 class TokenizerError(NpuchatError):

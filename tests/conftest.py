@@ -11,6 +11,7 @@ from installed_model import syn  # noqa: F401  (fixture)
 from real_models import *  # noqa: F403  (fixtures)
 from scripted_engine import store  # noqa: F401  (fixture)
 from synthetic import synthetic_gguf  # noqa: F401  (fixture)
+from tokenizer_checks import tokenizer_builds  # noqa: F401  (fixture)
 
 # The native kernels are built once per machine beside the real models, not in each test's home.
 os.environ.setdefault("NPUCHAT_KERNEL_CACHE", str(cache_root() / "kernels"))  # noqa: F405

@@ -3,17 +3,16 @@ tests/data, are the reference), a chat counted as the server charges for it, and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from real_models import REFERENCE_DIR
 from scripted_engine import ScriptedEngine, ScriptedReply
 from serve_helpers import serving
 from synthetic_vocab import QWEN25_TOOL_TEMPLATE
+from tokenizer_checks import reference_cases
 from viewing_engine import viewing
 
 from npuchat.engine.concurrent_engine import ConcurrentEngine
@@ -33,7 +32,7 @@ def test_tokenize_gives_llama_server_s_ids(name: str, real_gguf: Callable[[str],
     ids gives the text back."""
     engine = viewing(real_gguf(name), name)
     assert isinstance(engine, Tokenizes)
-    cases = json.loads((REFERENCE_DIR / f"tokenizer-{name}.json").read_text())["cases"]
+    cases = reference_cases(name)
     wrong: list[str] = []
     with serving(engine) as (server, _):
         for c in cases:
@@ -130,6 +129,11 @@ def test_a_chat_counts_what_a_reply_to_it_is_charged(path: Path, tmp_path: Path)
         ("/tokenize", {"content": "a", "prompt": "b"}, "give the text as `content` or `prompt`"),
         ("/tokenize", {"content": 5}, "content"),
         ("/tokenize", {"messages": []}, "messages"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": "a"}], "with_pieces": "maybe"},
+            "with_pieces",
+        ),
         ("/detokenize", {"tokens": [1, 10**9]}, "token id 1000000000 is not in the vocabulary"),
         ("/detokenize", {"tokens": [-1]}, "token id -1 is not in the vocabulary"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),

@@ -7,7 +7,6 @@ llama.cpp's regexes. The SentencePiece path is in `test_tokenizer_spm.py`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from real_models import REFERENCE_DIR
 from synthetic_vocab import CORPUS
+from tokenizer_checks import reference_cases, reference_mismatches
 
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.tokenizer import Tokenizer, TokenType
@@ -42,25 +41,14 @@ def real_tokenizer(real_gguf: Callable[[str], Path]) -> Callable[[str], Tokenize
     return get
 
 
-def _reference_cases(name: str) -> list[dict[str, Any]]:
-    return json.loads((REFERENCE_DIR / f"tokenizer-{name}.json").read_text())["cases"]
-
-
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", REAL_MODELS)
 def test_matches_llama_cpp_on_every_reference_case(
     name: str, real_tokenizer: Callable[[str], Tokenizer]
 ) -> None:
     tok = real_tokenizer(name)
-    cases = _reference_cases(name)
-    assert len(cases) >= 20
-    wrong = [
-        c["text"]
-        for c in cases
-        if tok.encode(c["text"]) != c["ids"]
-        or tok.encode(c["text"], parse_special=True) != c["ids_parse_special"]
-    ]
-    assert wrong == []
+    assert len(reference_cases(name)) >= 20
+    assert reference_mismatches(tok, name) == []
 
 
 @pytest.mark.realmodel
@@ -69,7 +57,7 @@ def test_decode_inverts_encode_on_reference_texts(
     name: str, real_tokenizer: Callable[[str], Tokenizer]
 ) -> None:
     tok = real_tokenizer(name)
-    for case in _reference_cases(name):
+    for case in reference_cases(name):
         assert tok.decode(case["ids"]) == case["text"]
         # Parsed control tokens are invisible by default and shown verbatim on request.
         assert tok.decode(case["ids_parse_special"], special=True) == case["text"]

@@ -5,36 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from real_models import REFERENCE_DIR
 from synthetic_vocab import CORPUS
+from tokenizer_checks import reference_mismatches
 
-from npuchat.engine import tokenizer as tokenizer_mod
 from npuchat.engine import tokenizer_cache
 from npuchat.engine.gguf_reader import GGUFFile
 from npuchat.engine.tokenizer import Tokenizer, cache_path
 
 SHA = "ab" * 32
-
-
-@pytest.fixture
-def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Counts the subword builds (the costly part the cache saves)."""
-    seen: list[str] = []
-    for name in ("byte_level_bpe", "sentencepiece_bpe"):
-        real = getattr(tokenizer_mod, name)
-
-        def counted(*a: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
-            seen.append(_name)
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(tokenizer_mod, name, counted)
-    yield seen
 
 
 def _open(gguf: Path, kept: Path | None) -> Tokenizer:
@@ -45,24 +28,17 @@ def _open(gguf: Path, kept: Path | None) -> Tokenizer:
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "gemma3-270m"])
 def test_a_kept_tokenizer_gives_llama_cpp_s_ids(
-    name: str, real_gguf: Callable[[str], Path], tmp_path: Path, builds: list[str]
+    name: str, real_gguf: Callable[[str], Path], tmp_path: Path, tokenizer_builds: list[str]
 ) -> None:
     """Byte-level BPE and SentencePiece: the second start builds nothing, and its tokenizer
     gives every reference case's ids, special tokens parsed and not (the added tokens and
     their flags survive the file)."""
     kept = cache_path(tmp_path, SHA)
     _open(real_gguf(name), kept)
-    assert len(builds) == 1 and kept.is_file()
+    assert len(tokenizer_builds) == 1 and kept.is_file()
     tok = _open(real_gguf(name), kept)
-    assert len(builds) == 1
-    cases = json.loads((REFERENCE_DIR / f"tokenizer-{name}.json").read_text())["cases"]
-    wrong = [
-        c["text"]
-        for c in cases
-        if tok.encode(c["text"]) != c["ids"]
-        or tok.encode(c["text"], parse_special=True) != c["ids_parse_special"]
-    ]
-    assert wrong == []
+    assert len(tokenizer_builds) == 1
+    assert reference_mismatches(tok, name) == []
 
 
 def _damage(kept: Path, how: str) -> None:
@@ -96,7 +72,11 @@ def _damage(kept: Path, how: str) -> None:
 )
 @pytest.mark.parametrize("arch", ["qwen2", "phi3"])
 def test_a_damaged_file_is_built_again_and_replaced(
-    arch: str, how: str, synthetic_gguf: Callable[..., Path], tmp_path: Path, builds: list[str]
+    arch: str,
+    how: str,
+    synthetic_gguf: Callable[..., Path],
+    tmp_path: Path,
+    tokenizer_builds: list[str],
 ) -> None:
     gguf = synthetic_gguf(arch)
     fresh = _open(gguf, None)
@@ -104,13 +84,13 @@ def test_a_damaged_file_is_built_again_and_replaced(
     _open(gguf, kept)
     _damage(kept, how)
     tok = _open(gguf, kept)
-    assert len(builds) == 3  # fresh, the first keep, and the damaged file's rebuild
+    assert len(tokenizer_builds) == 3  # fresh, the first keep, and the damaged file's rebuild
     special = "<|end|>" if arch == "phi3" else "<|im_end|>"
     for line in [*CORPUS.splitlines(), f"a{special}b"]:
         assert tok.encode(line) == fresh.encode(line)
         assert tok.encode(line, parse_special=True) == fresh.encode(line, parse_special=True)
     _open(gguf, kept)
-    assert len(builds) == 3  # the rewritten file is read as it is
+    assert len(tokenizer_builds) == 3  # the rewritten file is read as it is
 
 
 def test_new_code_gives_a_new_file_and_the_old_one_goes(
@@ -132,9 +112,9 @@ def test_new_code_gives_a_new_file_and_the_old_one_goes(
 
 
 def test_a_cache_that_cannot_be_written_only_costs_the_build(
-    synthetic_gguf: Callable[..., Path], tmp_path: Path, builds: list[str]
+    synthetic_gguf: Callable[..., Path], tmp_path: Path, tokenizer_builds: list[str]
 ) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     tok = _open(synthetic_gguf("llama"), cache_path(blocker, SHA))
-    assert tok.decode(tok.encode("hello world")) == "hello world" and len(builds) == 1
+    assert tok.decode(tok.encode("hello world")) == "hello world" and len(tokenizer_builds) == 1

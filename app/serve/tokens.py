@@ -58,6 +58,12 @@ class TokenizeIn(RequestModel):
         return self
 
 
+class ChatTokenizeIn(ChatCompletionIn):
+    """vLLM's chat form: the chat completion's fields, and llama-server's `with_pieces`."""
+
+    with_pieces: bool = False
+
+
 class DetokenizeIn(RequestModel):
     model: str | None = None
     tokens: list[int] = Field(max_length=MAX_TOKEN_IDS)
@@ -83,10 +89,10 @@ def _tokenized(service: Service, body: dict[str, Any]) -> dict[str, Any]:
     engine = _engine(service)
     context = service.model.context_length
     if "messages" in body:
-        chat: ChatCompletionIn = parse(ChatCompletionIn, body)
+        chat: ChatTokenizeIn = parse(ChatTokenizeIn, body)
         check_model(service, chat.model)
         ids = engine.chat_tokens(prepare_chat(chat, context).request)
-        with_pieces = body.get("with_pieces") is True
+        with_pieces = chat.with_pieces
     else:
         given: TokenizeIn = parse(TokenizeIn, body)
         check_model(service, given.model)

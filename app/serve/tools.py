@@ -3,18 +3,20 @@
 Qwen2.5's template (and Hermes-style ones) tells the model to answer a tool request with
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; this module turns those blocks into
 OpenAI `tool_calls` and leaves the rest as content. Small models often drop the tags and
-answer with the bare object, or with it in a json code block (qwen2.5-coder-0.5b does both): a
-reply that is nothing but one such object naming one of the request's tools, bare or fenced, is
-a call too. A block whose JSON does not parse, that lacks a name or that names a tool the
-request did not offer (the 0.5B model has called `wear_toronto`) stays text: a wrong tool call
-is worse than showing what the model wrote.
+answer with bare objects, or with them in a json code block (qwen2.5-coder-0.5b does both): a
+reply that is nothing but such objects naming the request's tools, one or several a line apart,
+bare or fenced, is those calls. A block whose JSON does not parse, that lacks a name or that
+names a tool the request did not offer (the 0.5B model has called `wear_toronto`) stays text:
+a wrong tool call is worse than showing what the model wrote.
 
 A call the request forces (`tool_choice` "required" or a named function) is held to a grammar,
 as llama.cpp's server does: after the block's opening, a JSON object naming one of the tools
 with arguments its parameters' schema allows, then the block's end ("required": one call or
 more). A tool's parameters llguidance cannot compile leave its arguments any JSON value; a
 grammar that fails as a whole leaves the call to the model, with the opening and the name
-written in for it (`forced_call_prefix`).
+written in for it (`forced_call_prefix`). Under `auto` the reply is free, but a block the model
+opens (`call_grammar` with the newline after the tag) or a reply that begins as a bare call
+(`bare_call_grammar`) is held from there to the same calls, as llama.cpp's lazy grammars do.
 """
 
 from __future__ import annotations
