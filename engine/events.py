@@ -203,6 +203,7 @@ class Notice:
 class Finished:
     stop_reason: StopReason
     metrics: Metrics
+    stop_string: str = ""  # which of the request's stop strings ended it ("stop_string")
 
 
 @dataclass(frozen=True)

@@ -228,4 +228,4 @@ def stream_reply(
     if stop is None:
         yield Cancelled(metrics)
     else:
-        yield Finished(stop, metrics)
+        yield Finished(stop, metrics, stops.hit or "")

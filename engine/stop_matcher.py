@@ -13,15 +13,17 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.buffer = ""
+        self.hit: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string was hit)."""
+        """(text safe to emit, whether a stop string was hit). Of several in the text, the one
+        that begins first ends it (the longest of those beginning at the same place)."""
         self.buffer += text
-        for stop in self.stops:
-            at = self.buffer.find(stop)
-            if at >= 0:
-                out, self.buffer = self.buffer[:at], ""
-                return out, True
+        found = [(at, -len(s), s) for s in self.stops if (at := self.buffer.find(s)) >= 0]
+        if found:
+            at, _, self.hit = min(found)
+            out, self.buffer = self.buffer[:at], ""
+            return out, True
         hold = 0
         for stop in self.stops:
             for n in range(min(len(stop) - 1, len(self.buffer)), 0, -1):

@@ -83,6 +83,32 @@ FIELDS = {
         "tools",
     ],
     "/detokenize": ["tokens", "model"],
+    "/v1/messages": [
+        "model",
+        "max_tokens",
+        "messages",
+        "role",
+        "content",
+        "type",
+        "text",
+        "system",
+        "tools",
+        "name",
+        "input_schema",
+        "input",
+        "id",
+        "tool_use_id",
+        "is_error",
+        "tool_choice",
+        "disable_parallel_tool_use",
+        "stop_sequences",
+        "stream",
+        "thinking",
+        "output_config",
+        "format",
+        "schema",
+    ],
+    "/v1/messages/count_tokens": ["model", "messages", "role", "content", "system", "tools"],
 }
 
 MAIN = {
@@ -90,6 +116,8 @@ MAIN = {
     "/v1/chat/completions": "messages",
     "/tokenize": "messages",
     "/detokenize": "tokens",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
 }
 
 SCALARS = st.one_of(
@@ -98,7 +126,12 @@ SCALARS = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=12),
-    st.sampled_from(["user", "assistant", "function", "message", "function_call", "auto", "x"]),
+    st.sampled_from(
+        [
+            *("user", "assistant", "function", "message", "function_call", "auto", "x"),
+            *("text", "tool_use", "tool_result", "any", "tool", "json_schema", "thinking"),
+        ]
+    ),
 )
 
 
@@ -137,7 +170,9 @@ def test_no_body_gets_a_500(path: str, server: Server) -> None:
         r = httpx.post(server.url + path, json=body, timeout=30)
         assert r.status_code < 500, (body, r.text)
         if r.status_code >= 400:
-            message = r.json()["error"]["message"]
+            error = r.json()["error"]  # OpenAI's object, or Anthropic's on its paths
+            message = error["message"]
+            assert ("param" in error) != path.startswith("/v1/messages"), error
             assert message and "\n" not in message and "Traceback" not in message
 
     check()

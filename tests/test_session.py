@@ -267,6 +267,13 @@ def test_stop_matcher_holds_back_partial_stop_strings() -> None:
     assert m.feed("O") == ("", False)
     assert m.feed("x") == ("STOx", False)
     assert m.feed("y STOP z") == ("y ", True)
+    assert m.hit == "STOP"
+
+
+def test_stop_matcher_ends_at_the_stop_string_that_begins_first() -> None:
+    m = StopMatcher(["later", "now"])
+    assert m.feed("a now and later") == ("a ", True)
+    assert m.hit == "now"
 
 
 def test_stop_string_ends_reply(session: ChatSession) -> None:
@@ -277,7 +284,7 @@ def test_stop_string_ends_reply(session: ChatSession) -> None:
     stop = text[2:4]
     sampling = SamplingParams(temperature=0, stop=(stop,))
     cut = _run(session, _req("", ("user", "hello"), sampling=sampling))
-    assert _final(cut).stop_reason == "stop_string"
+    assert _final(cut).stop_reason == "stop_string" and _final(cut).stop_string == stop
     assert _text(cut) == text[: text.find(stop)]
 
 

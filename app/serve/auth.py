@@ -1,4 +1,5 @@
-"""Bearer-token auth and the rule that only loopback may go without it.
+"""API-key auth (a Bearer token, or Anthropic's `x-api-key` header), and the rule that only
+loopback may go without it.
 
 The key is compared in constant time (`hmac.compare_digest`) so response timing says nothing
 about how much of a guess was right. `/health` stays open: it tells a load balancer or a
@@ -36,18 +37,26 @@ def check_bind(host: str, api_keys: tuple[str, ...]) -> None:
         )
 
 
-def check_request(path: str, authorization: str | None, api_keys: tuple[str, ...]) -> None:
-    """Raise a 401 ApiError unless the request carries `Authorization: Bearer <key>` with one
-    of `api_keys` (each compared, so the time says nothing of which one matched)."""
+def given_key(authorization: str | None, x_api_key: str | None) -> bytes:
+    """The key a request carries: `Authorization: Bearer <key>` (OpenAI's clients) or
+    `x-api-key: <key>` (Anthropic's)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer":
+        return token.strip().encode()
+    return (x_api_key or "").strip().encode()
+
+
+def check_request(path: str, given: bytes, api_keys: tuple[str, ...]) -> None:
+    """Raise a 401 ApiError unless `given` (`given_key`) is one of `api_keys` (each compared,
+    so the time says nothing of which one matched)."""
     if not api_keys or path in OPEN_PATHS:
         return
-    scheme, _, token = (authorization or "").partition(" ")
-    given = token.strip().encode() if scheme.lower() == "bearer" else b""
     matched = [hmac.compare_digest(given, key.encode()) for key in api_keys]
     if not any(matched):
         raise ApiError(
             401,
-            "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+            "missing or wrong API key: send the header 'Authorization: Bearer <key>' "
+            "(or 'x-api-key: <key>')",
             type="authentication_error",
             code="invalid_api_key",
         )

@@ -57,11 +57,13 @@ class Service:
     responses: ResponseStore = field(default_factory=ResponseStore)
 
 
-def error_response(exc: ApiError) -> JSONResponse:
+def error_response(exc: ApiError, anthropic: bool = False) -> JSONResponse:
+    """The error as OpenAI's object, or Anthropic's on its API's paths."""
     headers = {}
     if exc.status == 429 and exc.code is not None and exc.code.isdigit():
         headers["Retry-After"] = exc.code
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    body = exc.anthropic_body() if anthropic else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def busy_error(retry_after_s: int, message: str) -> ApiError:

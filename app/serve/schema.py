@@ -58,6 +58,27 @@ class ApiError(Exception):
             }
         }
 
+    def anthropic_body(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape (`/v1/messages`), its type named by status; it
+        has no `param`, so a message that does not begin with the field's name is led by it."""
+        kind = _ANTHROPIC_TYPES.get(self.status)
+        if kind is None:
+            kind = "invalid_request_error" if self.status < 500 else "api_error"
+        message = self.message
+        if self.param and not message.startswith(self.param.split(".")[0]):
+            message = f"{self.param}: {message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
 
 class RequestModel(BaseModel):
     """A request body's schema: fields it does not know are ignored (module doc)."""

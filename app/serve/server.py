@@ -16,13 +16,13 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from npuchat.engine.events import ChatEngine
 
-from . import auth, responses_route, routes, tokens
+from . import auth, messages_route, responses_route, routes, tokens
 from .args import DEFAULT_MAX_QUEUE
 from .metrics import ServerMetrics
 from .routes import ServedModel, Service, error_response
@@ -54,9 +54,10 @@ class _Guard:
             await send(message)
 
         try:
-            auth.check_request(path, headers.get("authorization"), self.service.api_keys)
+            given = auth.given_key(headers.get("authorization"), headers.get("x-api-key"))
+            auth.check_request(path, given, self.service.api_keys)
         except ApiError as exc:
-            await error_response(exc)(scope, receive, counting_send)
+            await _answer(exc, path)(scope, receive, counting_send)
         else:
             await self.app(scope, receive, counting_send)
         finally:
@@ -64,9 +65,13 @@ class _Guard:
             self.service.metrics.record_request(endpoint, status)
 
 
+def _answer(exc: ApiError, path: str) -> Response:
+    return error_response(exc, anthropic=path in messages_route.PATHS)
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc)
+    return _answer(exc, request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -77,19 +82,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         if exc.status_code in (404, 405)
         else str(exc.detail)
     )
-    return error_response(ApiError(exc.status_code, message, type=kind))
+    return _answer(ApiError(exc.status_code, message, type=kind), request.url.path)
 
 
 async def _bug(request: Request, exc: Exception) -> Response:
     log.error("request failed", exc_info=exc)
-    body = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error").body()
-    return JSONResponse(body, status_code=500)
+    error = ApiError(500, f"internal error: {type(exc).__name__}", type="server_error")
+    return _answer(error, request.url.path)
 
 
 _API = [
     ("/chat/completions", routes.chat_completions, "POST"),
     ("/completions", routes.completions, "POST"),
     ("/responses", responses_route.create, "POST"),
+    ("/messages", messages_route.create, "POST"),
+    ("/messages/count_tokens", messages_route.count_tokens, "POST"),
     ("/models", routes.models, "GET"),
     ("/models/{name:path}", routes.model, "GET"),
     ("/responses/{response_id}", responses_route.kept, "GET"),

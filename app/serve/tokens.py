@@ -69,7 +69,7 @@ class DetokenizeIn(RequestModel):
     tokens: list[int] = Field(max_length=MAX_TOKEN_IDS)
 
 
-def _engine(service: Service) -> Tokenizes:
+def tokenizing_engine(service: Service) -> Tokenizes:
     engine = service.engine
     if not isinstance(engine, Tokenizes):
         raise ApiError(501, "this server's engine does not show its tokens", type="not_supported")
@@ -86,7 +86,7 @@ def _piece(raw: bytes) -> str | list[int]:
 
 
 def _tokenized(service: Service, body: dict[str, Any]) -> dict[str, Any]:
-    engine = _engine(service)
+    engine = tokenizing_engine(service)
     context = service.model.context_length
     if "messages" in body:
         chat: ChatTokenizeIn = parse(ChatTokenizeIn, body)
@@ -119,7 +119,7 @@ async def detokenize(request: Request) -> Response:
     service: Service = request.app.state.service
     body: DetokenizeIn = parse(DetokenizeIn, await read_json(request, service.max_body_bytes))
     check_model(service, body.model)
-    engine = _engine(service)
+    engine = tokenizing_engine(service)
     try:
         text = await asyncio.to_thread(engine.detokenize, body.tokens)
     except InvalidRequestError as exc:

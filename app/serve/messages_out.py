@@ -1,0 +1,219 @@
+"""`/v1/messages` answers: Anthropic's `message` object, whole or as its stream of events.
+
+A reply becomes content blocks: its text a `text` block, each tool call a `tool_use` block
+(its arguments as the `input` object), in the order the model wrote them. `stop_reason` says
+why it ended: `tool_use` when it called a tool, `stop_sequence` (naming it) when one of the
+request's `stop_sequences` ended it, `max_tokens`, `model_context_window_exceeded` when the
+KV cache was full, else `end_turn`. Usage is Anthropic's split: `input_tokens` are the prompt
+tokens read this time, `cache_read_input_tokens` those whose KV was reused.
+
+The stream is Anthropic's events, each named by an `event:` line: `message_start`, then per
+block `content_block_start`, its deltas (`text_delta`, or one `input_json_delta` holding a
+call's arguments: a call comes out whole when its block closes, as chat completions split
+them), `content_block_stop`; last `message_delta` (the stop reason and the final usage) and
+`message_stop`, or an `error` event where the engine refused the reply. `message_start` waits
+for the first token's figures, so its `input_tokens` are the prompt's, not a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from npuchat.engine.events import Failed, Finished, MetricsUpdate, TokenDelta, ToolCall
+
+from .metrics import prompt_tokens
+from .responses import Reply, recorded, sse
+from .schema import ApiError
+from .streaming import Start
+from .tools import ToolCallSplitter, split_reply
+
+_STOPS = {"eos": "end_turn", "max_tokens": "max_tokens", "length": "model_context_window_exceeded"}
+_FAILED = {"busy": 429, "invalid": 400}
+
+
+def _usage(reply: Reply) -> dict[str, Any]:
+    m = reply.metrics
+    return {
+        "input_tokens": prompt_tokens(m) - m.reused_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": m.reused_tokens,
+        "output_tokens": reply.completion_tokens,
+    }
+
+
+def _input(call: ToolCall) -> dict[str, Any] | None:
+    """A call's arguments as the object `tool_use` carries (None: they are no object)."""
+    try:
+        value = json.loads(call.arguments or "{}")
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _as_text(call: ToolCall) -> str:
+    """A call whose arguments are no object, given back as the model wrote its meaning."""
+    return json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+
+
+def _tool_use(call: ToolCall, arguments: dict[str, Any]) -> dict[str, Any]:
+    tool_id = "toolu_" + call.id.removeprefix("call_")
+    return {"type": "tool_use", "id": tool_id, "name": call.name, "input": arguments}
+
+
+def error_event(failed: Failed) -> bytes:
+    """The `error` event that ends a stream the engine refused."""
+    error = ApiError(_FAILED.get(failed.kind, 500), failed.message)
+    return b"event: error\n" + sse(error.anthropic_body())
+
+
+@dataclass
+class MessageShape:
+    """The `message` object of one request."""
+
+    model: str
+    tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
+    prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
+    one_call: bool = False  # at most one tool call (`Prepared.one_call`)
+    stops: tuple[str, ...] = ()  # the request's stop_sequences
+    id: str = field(default_factory=lambda: "msg_" + secrets.token_hex(12))
+
+    def head(self, reply: Reply) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(reply),
+        }
+
+    def stop(self, reply: Reply, called: bool) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence)."""
+        end = reply.terminal
+        if called:
+            return "tool_use", None
+        if isinstance(end, Finished) and end.stop_reason == "stop_string":
+            if end.stop_string in self.stops:  # not the close of a call (`one_call`)
+                return "stop_sequence", end.stop_string
+            return "end_turn", None
+        if isinstance(end, Finished):
+            return _STOPS[end.stop_reason], None
+        return "end_turn", None  # cancelled: what was written ends there
+
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        text = self.prefix + reply.text
+        content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content else []
+        for call in calls:
+            arguments = _input(call)
+            if arguments is None:
+                blocks.append({"type": "text", "text": _as_text(call)})
+            else:
+                blocks.append(_tool_use(call, arguments))
+        reason, sequence = self.stop(reply, any(b["type"] == "tool_use" for b in blocks))
+        return {
+            **self.head(reply),
+            "content": blocks,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+        }
+
+
+class _Events:
+    """The stream's events and its open block."""
+
+    def __init__(self, shape: MessageShape, reply: Reply) -> None:
+        self.shape, self.reply = shape, reply
+        self.index = -1  # the latest block's
+        self.text_open = False
+        self.called = False
+
+    @staticmethod
+    def event(kind: str, **fields: Any) -> bytes:
+        return f"event: {kind}\n".encode() + sse({"type": kind, **fields})
+
+    def start(self) -> bytes:
+        return self.event("message_start", message=self.shape.head(self.reply))
+
+    def _open(self, block: dict[str, Any]) -> bytes:
+        self.index += 1
+        return self.event("content_block_start", index=self.index, content_block=block)
+
+    def close_text(self) -> list[bytes]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        return [self.event("content_block_stop", index=self.index)]
+
+    def text(self, text: str) -> list[bytes]:
+        out = [] if self.text_open else [self._open({"type": "text", "text": ""})]
+        self.text_open = True
+        delta = {"type": "text_delta", "text": text}
+        return [*out, self.event("content_block_delta", index=self.index, delta=delta)]
+
+    def call(self, call: ToolCall) -> list[bytes]:
+        arguments = _input(call)
+        if arguments is None:
+            return self.text(_as_text(call))
+        self.called = True
+        out = [*self.close_text(), self._open({**_tool_use(call, arguments), "input": {}})]
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(arguments)}
+        out.append(self.event("content_block_delta", index=self.index, delta=delta))
+        return [*out, self.event("content_block_stop", index=self.index)]
+
+    def end(self) -> list[bytes]:
+        reason, sequence = self.shape.stop(self.reply, self.called)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        return [
+            *self.close_text(),
+            self.event("message_delta", delta=delta, usage=_usage(self.reply)),
+            self.event("message_stop"),
+        ]
+
+
+async def message_events(
+    shape: MessageShape, starts: list[Start], done: Callable[[list[Reply]], None]
+) -> AsyncIterator[bytes]:
+    """The events of one reply (`starts` holds one: the Messages API has no `n`)."""
+    (first, rest), reply = starts[0], Reply()
+    ev = _Events(shape, reply)
+    splitter = ToolCallSplitter(shape.tools, shape.one_call) if shape.tools else None
+    if splitter is not None:
+        splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
+
+    def pieces(text: str, final: bool = False) -> list[bytes]:
+        if splitter is None:
+            return ev.text(text) if text else []
+        out: list[bytes] = []
+        for piece in splitter.flush() if final else splitter.feed(text):
+            if piece.call is not None:
+                out += ev.call(piece.call)
+            elif piece.text:
+                out += ev.text(piece.text)
+        return out
+
+    held: list[bytes] | None = []  # what waits for message_start (None: it went out)
+    seen_token = False
+    async for event in recorded(first, rest, reply):
+        out = pieces(event.text) if isinstance(event, TokenDelta) and event.text else []
+        if held is not None:  # the first token's figures come in the event after it
+            held += out
+            ready = seen_token and isinstance(event, MetricsUpdate)
+            seen_token = seen_token or isinstance(event, TokenDelta)
+            if not ready and reply.terminal is None:
+                continue
+            out, held = [ev.start(), *held], None
+        for chunk in out:
+            yield chunk
+    done([reply])
+    if isinstance(reply.terminal, Failed):
+        yield error_event(reply.terminal)
+        return
+    for chunk in [*pieces("", final=True), *ev.end()]:
+        yield chunk
