@@ -4,16 +4,28 @@ when the test ends (the server thread is joined with a timeout, so no test can l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 from npuchat.app.serve.server import ServedModel, Server, create_app
+from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.events import ChatEngine
+from npuchat.engine.session import ChatSession
 
-__all__ = ["serving"]
+__all__ = ["TURNS", "named_events", "serving", "serving_model"]
+
+# a conversation for the tests that ask one model the same thing through two endpoints
+TURNS = [
+    {"role": "user", "content": "hello world"},
+    {"role": "assistant", "content": "the quick fox"},
+    {"role": "user", "content": "a small model"},
+]
 
 
 @contextmanager
@@ -34,3 +46,35 @@ def serving(
             yield server, client
     finally:
         server.stop()
+
+
+def named_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The data of each event a streamed POST to `url` sends, checked to be named (`event:`)
+    by its type, as OpenAI's Responses and Anthropic's Messages streams name them."""
+    out = []
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        kind = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = json.loads(line.removeprefix("data: "))
+                assert data["type"] == kind  # the SSE event name is the data's type
+                out.append(data)
+    return out
+
+
+@contextmanager
+def serving_model(path: Path, cache_dir: Path) -> Iterator[tuple[Server, openai.OpenAI]]:
+    """`serving` a real engine on the GGUF at `path` (a synthetic model: 256 tokens of
+    context, 16-token prefill chunks, the concurrent engine scheduling), named "syn"."""
+    session = ChatSession.open(
+        path, name="syn", cache_dir=cache_dir, capacities=[256], prefill_chunk=16, accuracy_level=0
+    )
+    engine = ConcurrentEngine(session, max_queue=4)
+    try:
+        with serving(engine, context_length=256, slots=None) as running:
+            yield running
+    finally:
+        engine.close()

@@ -19,11 +19,9 @@ from anthropic.types import RawMessageStreamEvent
 from anthropic.types.shared import ErrorResponse
 from pydantic import TypeAdapter
 from scripted_engine import ScriptedEngine, ScriptedReply
-from serve_helpers import serving
+from serve_helpers import TURNS, named_events, serving, serving_model
 
-from npuchat.engine.concurrent_engine import ConcurrentEngine
 from npuchat.engine.events import ChatEngine
-from npuchat.engine.session import ChatSession
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -55,19 +53,10 @@ def _hi(**kw: Any) -> dict[str, Any]:
 
 
 def _events(url: str, body: dict[str, Any]) -> list[Any]:
-    """The stream's raw events, each validated as the `anthropic` package's event type."""
-    out = []
-    with httpx.stream("POST", url + "/v1/messages", json={**body, "stream": True}) as r:
-        assert r.status_code == 200
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data = json.loads(line.removeprefix("data: "))
-                assert data["type"] == kind  # the SSE event name is the data's type
-                out.append(data if kind == "error" else EVENTS.validate_python(data))
-    return out
+    """The stream's events, each validated as the `anthropic` package's event type (an error
+    event's data is Anthropic's error object)."""
+    data = named_events(url + "/v1/messages", body)
+    return [e if e["type"] == "error" else EVENTS.validate_python(e) for e in data]
 
 
 def test_a_text_reply_whole_and_streamed() -> None:
@@ -378,45 +367,32 @@ def test_a_message_is_the_chat_completion_it_means(path: Path, tmp_path: Path) -
     """On a real engine (synthetic model, greedy): the same conversation asked as a message
     and as a chat completion gives the same text and counts; count_tokens counts the prompt
     the engine read; a stop sequence from the reply cuts it there and is named."""
-    session = ChatSession.open(
-        path, name="syn", cache_dir=tmp_path, capacities=[256], prefill_chunk=16, accuracy_level=0
-    )
-    engine = ConcurrentEngine(session, max_queue=4)
-    turns = [
-        {"role": "user", "content": "hello world"},
-        {"role": "assistant", "content": "the quick fox"},
-        {"role": "user", "content": "a small model"},
-    ]
+
     # temperature is not among the SDK's arguments any more; servers still take it
     ask = {"model": "syn", "max_tokens": 12, "system": "be brief"}
-    try:
-        with serving(engine, context_length=256, slots=None) as (server, openai_client):
-            chat = openai_client.chat.completions.create(
-                model="syn",
-                messages=[{"role": "system", "content": "be brief"}, *turns],  # type: ignore[list-item]
-                max_tokens=12,
-                temperature=0,
-                extra_body={"conversation_id": "chat"},
+    with serving_model(path, tmp_path) as (server, openai_client):
+        chat = openai_client.chat.completions.create(
+            model="syn",
+            messages=[{"role": "system", "content": "be brief"}, *TURNS],  # type: ignore[list-item]
+            max_tokens=12,
+            temperature=0,
+            extra_body={"conversation_id": "chat"},
+        )
+        with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as client:
+            message = client.messages.create(
+                **ask,
+                messages=TURNS,
+                extra_body={"conversation_id": "message", "temperature": 0},
             )
-            with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as client:
-                message = client.messages.create(
-                    **ask,
-                    messages=turns,
-                    extra_body={"conversation_id": "message", "temperature": 0},
-                )
-                counted = client.messages.count_tokens(
-                    model="syn", system="be brief", messages=turns
-                )
-                text = message.content[0].text
-                stop = text[3:5]
-                cut = client.messages.create(
-                    **ask,
-                    messages=turns,
-                    stop_sequences=["never written", stop],
-                    extra_body={"conversation_id": "message", "temperature": 0},
-                )
-    finally:
-        engine.close()
+            counted = client.messages.count_tokens(model="syn", system="be brief", messages=TURNS)
+            text = message.content[0].text
+            stop = text[3:5]
+            cut = client.messages.create(
+                **ask,
+                messages=TURNS,
+                stop_sequences=["never written", stop],
+                extra_body={"conversation_id": "message", "temperature": 0},
+            )
     assert chat.usage is not None and len(text) >= 5
     assert text == chat.choices[0].message.content
     read = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)

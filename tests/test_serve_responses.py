@@ -15,11 +15,9 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 from scripted_engine import ScriptedEngine, ScriptedReply
-from serve_helpers import serving
+from serve_helpers import TURNS, named_events, serving, serving_model
 
 from npuchat.app.serve.response_store import ResponseStore
-from npuchat.engine.concurrent_engine import ConcurrentEngine
-from npuchat.engine.session import ChatSession
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -37,17 +35,7 @@ def _post(url: str, body: dict[str, Any]) -> httpx.Response:
 
 def _events(url: str, body: dict[str, Any]) -> list[Any]:
     """The stream's events, each validated as the `openai` package's event type."""
-    out = []
-    with httpx.stream("POST", url + "/v1/responses", json={**body, "stream": True}) as r:
-        assert r.status_code == 200
-        kind = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data = json.loads(line.removeprefix("data: "))
-                assert data["type"] == kind  # the SSE event name is the data's type
-                out.append(EVENTS.validate_python(data))
+    out = [EVENTS.validate_python(e) for e in named_events(url + "/v1/responses", body)]
     assert [e.sequence_number for e in out] == list(range(len(out)))
     return out
 
@@ -193,34 +181,23 @@ def path(synthetic_gguf: Callable[..., Path]) -> Path:
 def test_a_response_is_the_chat_completion_it_means(path: Path, tmp_path: Path) -> None:
     """On a real engine (synthetic model, greedy): the same conversation asked as a response
     and as a chat completion gives the same text, and the usage counts the same prompt."""
-    session = ChatSession.open(
-        path, name="syn", cache_dir=tmp_path, capacities=[256], prefill_chunk=16, accuracy_level=0
-    )
-    engine = ConcurrentEngine(session, max_queue=4)
-    turns = [
-        {"role": "user", "content": "hello world"},
-        {"role": "assistant", "content": "the quick fox"},
-        {"role": "user", "content": "a small model"},
-    ]
-    try:
-        with serving(engine, context_length=256, slots=None) as (_, client):
-            chat = client.chat.completions.create(
-                model="syn",
-                messages=[{"role": "system", "content": "be brief"}, *turns],  # type: ignore[list-item]
-                max_tokens=12,
-                temperature=0,
-                extra_body={"conversation_id": "chat"},
-            )
-            response = client.responses.create(
-                model="syn",
-                instructions="be brief",
-                input=turns,  # type: ignore[arg-type]
-                max_output_tokens=12,
-                temperature=0,
-                extra_body={"conversation_id": "response"},
-            )
-    finally:
-        engine.close()
+
+    with serving_model(path, tmp_path) as (_, client):
+        chat = client.chat.completions.create(
+            model="syn",
+            messages=[{"role": "system", "content": "be brief"}, *TURNS],  # type: ignore[list-item]
+            max_tokens=12,
+            temperature=0,
+            extra_body={"conversation_id": "chat"},
+        )
+        response = client.responses.create(
+            model="syn",
+            instructions="be brief",
+            input=TURNS,  # type: ignore[arg-type]
+            max_output_tokens=12,
+            temperature=0,
+            extra_body={"conversation_id": "response"},
+        )
     assert chat.usage is not None and response.usage is not None
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
@@ -230,26 +207,19 @@ def test_a_response_is_the_chat_completion_it_means(path: Path, tmp_path: Path) 
 def test_log_probabilities_as_the_chat_completion_gives_them(path: Path, tmp_path: Path) -> None:
     """`top_logprobs` (or `include`): each token's log probability and alternatives on the text
     part and on the deltas, the same figures as the chat completion's for the same reply."""
-    session = ChatSession.open(
-        path, name="syn", cache_dir=tmp_path, capacities=[256], prefill_chunk=16, accuracy_level=0
-    )
-    engine = ConcurrentEngine(session, max_queue=4)
     turns = [{"role": "user", "content": "hello world"}]
     ask = {"model": "syn", "input": turns, "max_output_tokens": 8, "temperature": 0}
-    try:
-        with serving(engine, context_length=256, slots=None) as (server, client):
-            chat = client.chat.completions.create(
-                model="syn",
-                messages=turns,  # type: ignore[arg-type]
-                max_tokens=8,
-                temperature=0,
-                logprobs=True,
-                top_logprobs=2,
-            )
-            whole = Response.model_validate(_post(server.url, {**ask, "top_logprobs": 2}).json())
-            events = _events(server.url, {**ask, "include": ["message.output_text.logprobs"]})
-    finally:
-        engine.close()
+    with serving_model(path, tmp_path) as (server, client):
+        chat = client.chat.completions.create(
+            model="syn",
+            messages=turns,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        whole = Response.model_validate(_post(server.url, {**ask, "top_logprobs": 2}).json())
+        events = _events(server.url, {**ask, "include": ["message.output_text.logprobs"]})
     expected = chat.choices[0].logprobs
     assert expected is not None and expected.content
     want = [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in expected.content]

@@ -29,7 +29,7 @@ from .metrics import prompt_tokens
 from .responses import Reply, recorded, sse
 from .schema import ApiError
 from .streaming import Start
-from .tools import ToolCallSplitter, split_reply
+from .tools import primed_splitter, split_reply, stream_pieces
 
 _STOPS = {"eos": "end_turn", "max_tokens": "max_tokens", "length": "model_context_window_exceeded"}
 _FAILED = {"busy": 429, "invalid": 400}
@@ -183,19 +183,12 @@ async def message_events(
     """The events of one reply (`starts` holds one: the Messages API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape, reply)
-    splitter = ToolCallSplitter(shape.tools, shape.one_call) if shape.tools else None
-    if splitter is not None:
-        splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
+    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix)
 
     def pieces(text: str, final: bool = False) -> list[bytes]:
-        if splitter is None:
-            return ev.text(text) if text else []
         out: list[bytes] = []
-        for piece in splitter.flush() if final else splitter.feed(text):
-            if piece.call is not None:
-                out += ev.call(piece.call)
-            elif piece.text:
-                out += ev.text(piece.text)
+        for piece in stream_pieces(splitter, text, final):
+            out += ev.call(piece.call) if piece.call is not None else ev.text(piece.text)
         return out
 
     held: list[bytes] | None = []  # what waits for message_start (None: it went out)

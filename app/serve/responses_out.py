@@ -24,7 +24,7 @@ from .responses import Reply, chat_logprobs, recorded, sse
 from .responses_in import ResponseIn
 from .schema import ChatCompletionIn
 from .streaming import Start
-from .tools import ToolCallSplitter, split_reply
+from .tools import primed_splitter, split_reply, stream_pieces
 
 _FAILED_CODES = {"busy": "rate_limit_exceeded", "invalid": "invalid_prompt"}
 
@@ -252,23 +252,21 @@ async def response_events(
     """The events of one reply (`starts` holds one: the Responses API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape)
-    splitter = ToolCallSplitter(shape.tools, shape.one_call) if shape.tools else None
-    if splitter is not None:
-        splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
+    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix)
     yield ev.response("response.created", shape.head("in_progress", []))
     yield ev.response("response.in_progress", shape.head("in_progress", []))
 
     def pieces(
         text: str, final: bool = False, logprobs: list[dict[str, Any]] | None = None
     ) -> list[bytes]:
-        if splitter is None:  # with tools, text and calls split apart: no log probabilities
-            return ev.text_delta(text, logprobs) if text else []
+        if splitter is not None:  # with tools, text and calls split apart: no log probabilities
+            logprobs = None
         out: list[bytes] = []
-        for piece in splitter.flush() if final else splitter.feed(text):
+        for piece in stream_pieces(splitter, text, final):
             if piece.call is not None:
                 out += ev.call(piece.call)
-            elif piece.text:
-                out += ev.text_delta(piece.text)
+            else:
+                out += ev.text_delta(piece.text, logprobs)
         return out
 
     pending: list[dict[str, Any]] = []  # log probabilities of tokens not yet sent

@@ -19,7 +19,7 @@ from npuchat.engine.events import Event, Failed, TokenDelta, TokenLogprob
 
 from .responses import ChatShape, Reply, TextShape, recorded, sse
 from .schema import ApiError
-from .tools import ToolCallSplitter
+from .tools import primed_splitter, stream_pieces
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -109,9 +109,7 @@ class _ChatChoice:
 
     def __init__(self, shape: ChatShape, index: int) -> None:
         self.shape, self.index = shape, index
-        self.splitter = ToolCallSplitter(shape.tools, shape.one_call) if shape.tools else None
-        if self.splitter is not None:
-            self.splitter.feed(shape.prefix)  # an open block: nothing comes out before its end
+        self.splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix)
         self.calls = 0
         self.pending: list[TokenLogprob] = []
 
@@ -122,14 +120,12 @@ class _ChatChoice:
 
     def pieces(self, text: str, final: bool = False) -> list[bytes]:
         shape, i = self.shape, self.index
-        if self.splitter is None:
-            return [sse(shape.text_chunk(text, self.taken(), i))] if text else []
         out = []
-        for piece in self.splitter.flush() if final else self.splitter.feed(text):
+        for piece in stream_pieces(self.splitter, text, final):
             if piece.call is not None:
                 out.append(sse(shape.call_chunk(piece.call, self.calls, self.taken(), i)))
                 self.calls += 1
-            elif piece.text:
+            else:
                 out.append(sse(shape.text_chunk(piece.text, self.taken(), i)))
         return out
 

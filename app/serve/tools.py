@@ -223,6 +223,26 @@ class ToolCallSplitter:
         return Piece(call=call)
 
 
+def primed_splitter(names: frozenset[str], one: bool, prefix: str = "") -> ToolCallSplitter | None:
+    """A splitter for a reply to a request offering the tools `names` (None: none offered,
+    the text streams as it comes), fed what the reply was forced to start with (`prefix`:
+    an open block, so nothing comes out before its end)."""
+    if not names:
+        return None
+    splitter = ToolCallSplitter(names, one)
+    splitter.feed(prefix)
+    return splitter
+
+
+def stream_pieces(splitter: ToolCallSplitter | None, text: str, final: bool = False) -> list[Piece]:
+    """The text and calls of the next stretch of a streamed reply (`final`: its end), none
+    of them empty."""
+    if splitter is None:
+        return [Piece(text)] if text else []
+    pieces = splitter.flush() if final else splitter.feed(text)
+    return [p for p in pieces if p.call is not None or p.text]
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of `text` that begins `marker`."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
