@@ -205,6 +205,16 @@ def test_under_auto_a_call_the_model_opens_is_held_to_the_tools() -> None:
     assert json_mode.grammar_if_starts is None and none.grammar_if_starts is None
 
 
+def test_a_grammar_s_problem_is_remembered_as_it_is() -> None:
+    """`grammar_problem` remembers answers by digest: a bad grammar stays bad when asked
+    again, and one a character away is answered for itself."""
+    good = 'start: foo\nfoo: "a"\n'
+    bad = good.replace("foo:", "fob:")  # names a rule no one defines
+    first = grammar_problem(bad)
+    assert first is not None and grammar_problem(bad) == first
+    assert grammar_problem(good) is None and grammar_problem(good) is None
+
+
 def test_a_forced_calls_grammar_compiles_off_the_event_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
