@@ -332,6 +332,18 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(body: dict[str, Any], field:
     assert "\n" not in error.message and engine.requests == []
 
 
+def test_the_model_is_listed_for_anthropic_s_client_too() -> None:
+    engine = ScriptedEngine()
+    with _client(engine, context_length=512) as (_, client), serving(engine) as (_, openai_):
+        listed = client.models.list()
+        one = client.models.retrieve("scripted-1b")
+        openai_listed = openai_.models.list()
+    assert [m.id for m in listed.data] == ["scripted-1b"] and not listed.has_more
+    assert one.display_name == "scripted-1b" and one.max_input_tokens == 512
+    assert one.created_at.tzinfo is not None
+    assert [m.id for m in openai_listed.data] == ["scripted-1b"]
+
+
 def test_errors_and_the_key_in_anthropics_shape() -> None:
     """The SDK's own `x-api-key` header opens the server; a wrong key, an unknown model and a
     wrong method are Anthropic's error objects, read by the SDK as its error classes."""

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from starlette.requests import ClientDisconnect, Request
@@ -306,12 +307,21 @@ async def completions(request: Request) -> Response:
 
 
 def _model_object(service: Service) -> dict[str, Any]:
+    """The model as OpenAI's model object and Anthropic's `ModelInfo` at once (their fields
+    do not clash), so both APIs' clients can list it."""
     m = service.model
+    started = datetime.fromtimestamp(int(service.started), tz=UTC).isoformat()
     return {
         "id": m.id,
         "object": "model",
         "created": int(service.started),
         "owned_by": "npuchat",
+        "type": "model",
+        "display_name": m.id,
+        "created_at": started.replace("+00:00", "Z"),
+        "lifecycle": "active",
+        "max_input_tokens": m.context_length,
+        "max_tokens": m.context_length,
         "context_length": m.context_length,
         "meta": {"n_ctx": m.context_length, "draft": m.draft or None, "device": m.device},
         "npuchat": {"draft": m.draft or None, "speculative": bool(m.draft), "device": m.device},
@@ -320,7 +330,9 @@ def _model_object(service: Service) -> dict[str, Any]:
 
 async def models(request: Request) -> Response:
     service: Service = request.app.state.service
-    return JSONResponse({"object": "list", "data": [_model_object(service)]})
+    one = _model_object(service)
+    page = {"has_more": False, "first_id": one["id"], "last_id": one["id"]}  # Anthropic's
+    return JSONResponse({"object": "list", "data": [one], **page})
 
 
 async def model(request: Request) -> Response:
