@@ -152,7 +152,11 @@ def test_tool_calls_are_parsed_from_the_reply() -> None:
     )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed_calls = [tc for d in deltas for tc in d.tool_calls or []]
-    assert [(tc.index, tc.function.name) for tc in streamed_calls] == [(0, "get_weather")]  # type: ignore[union-attr]
+    # a call the grammar holds streams: its id and name first, then its arguments
+    named = [(tc.index, tc.function.name) for tc in streamed_calls if tc.function.name]  # type: ignore[union-attr]
+    assert named == [(0, "get_weather")] and (streamed_calls[0].id or "").startswith("call_")
+    arguments = "".join(tc.function.arguments or "" for tc in streamed_calls)  # type: ignore[union-attr]
+    assert arguments == call.function.arguments
     assert "".join(d.content or "" for d in deltas) == "Let me check. "
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # without tools in the request the same text is just text
@@ -303,7 +307,9 @@ def test_tool_choice_forces_a_call() -> None:
     assert '"const": "get_weather"' in grammar and '"city"' in grammar and "NEXT" not in grammar
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed = [tc for d in deltas for tc in d.tool_calls or []]
-    assert [tc.function.name for tc in streamed] == ["get_weather"]  # type: ignore[union-attr]
+    assert [tc.function.name for tc in streamed if tc.function.name] == ["get_weather"]  # type: ignore[union-attr]
+    arguments = "".join(tc.function.arguments or "" for tc in streamed)  # type: ignore[union-attr]
+    assert json.loads(arguments) == {"city": "Oslo"}
     assert "".join(d.content or "" for d in deltas) == ""
     (call,) = req.choices[0].message.tool_calls or []
     assert json.loads(call.function.arguments) == {"city": "Rome"}

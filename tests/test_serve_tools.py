@@ -1,13 +1,17 @@
 """Tool calls read back from model text: Qwen2.5's tagged blocks, bare objects, and streaming
-(fed a character at a time) giving the same split as the whole text."""
+(fed a character at a time, or in random pieces) giving the same split as the whole text; a
+held call streamed as it is written, its stretches adding up to its arguments."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from npuchat.app.serve.tools import ToolCallSplitter, split_reply
+from npuchat.app.serve.call_splitter import Piece, ToolCallSplitter, split_reply
 
 NAMES = frozenset({"get_weather", "lookup"})
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
@@ -53,20 +57,109 @@ DEEP = '{"name": "lookup", "arguments": ' + "[" * 20_000
         (f"{CALL} and then", f"{CALL} and then", []),  # prose after the object: text
         (f"```json\n{CALL}\n{CALL}\n```", "", [("get_weather", {"city": "Paris"})] * 2),
         (DEEP, DEEP, []),  # nested past the JSON parser's depth: text, not a crash
+        (  # the tag's text inside an argument does not end the block
+            '<tool_call>{"name": "lookup", "arguments": {"word": "a</tool_call>\\"b"}}</tool_call>',
+            "",
+            [("lookup", {"word": 'a</tool_call>"b'})],
+        ),
     ],
 )
+@pytest.mark.parametrize("stream_calls", [False, True])
 def test_split_whole_and_streamed(
-    text: str, content: str, calls: list[tuple[str, dict[str, str]]]
+    text: str, content: str, calls: list[tuple[str, dict[str, str]]], stream_calls: bool
 ) -> None:
-    got_content, got_calls = split_reply(text, NAMES)
+    """The same with the calls streamed as they are written (a held call's reply)."""
+    got_content, got_calls = split_reply(text, NAMES, stream_calls=stream_calls)
     assert got_content == content
     assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
     assert all(c.id.startswith("call_") for c in got_calls)
-    splitter = ToolCallSplitter(NAMES)
+    splitter = ToolCallSplitter(NAMES, stream_calls=stream_calls)
     pieces = [p for ch in text for p in splitter.feed(ch)] + splitter.flush()
-    streamed = "".join(p.text for p in pieces)
+    streamed = "".join(p.text for p in pieces if p.call is None)
     assert (streamed.strip() if calls else streamed) == content
-    assert [p.call.name for p in pieces if p.call] == [name for name, _ in calls]
+    assert [p.call.name for p in pieces if p.complete] == [name for name, _ in calls]  # type: ignore[union-attr]
+    _check_streamed_calls(pieces)
+
+
+def _check_streamed_calls(pieces: list[Piece]) -> None:
+    """Each streamed call opens, its stretches add up to the arguments it ends with, and the
+    pieces of one call share its id."""
+    open_call = None
+    sent = ""
+    for p in pieces:
+        if p.stage == "open":
+            assert open_call is None and p.call is not None and p.call.arguments == ""
+            open_call, sent = p.call, ""
+        elif p.stage == "more":
+            assert open_call is not None and p.call == open_call and p.text
+            sent += p.text
+        elif p.stage == "end":
+            assert open_call is not None and p.call is not None
+            assert (p.call.id, p.call.name, p.call.arguments) == (
+                open_call.id,
+                open_call.name,
+                sent,
+            )
+            open_call = None
+    assert open_call is None
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(alphabet=st.sampled_from('ab }{"\\<>/\n_tool_call\u00e9\u4e2d'), max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet="abc}<", max_size=4), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arguments=st.dictionaries(st.text(alphabet="xyz", max_size=3), JSON, max_size=4),
+    indent=st.sampled_from([None, 1, 2]),
+    space=st.sampled_from(["", " ", "\n", " \n  "]),
+    cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=30),
+)
+def test_a_held_call_streams_as_written(
+    arguments: dict[str, Any], indent: int | None, space: str, cuts: list[int]
+) -> None:
+    """A call block in any JSON layout, fed in random pieces: the name comes out before the
+    block ends, the arguments' stretches come out as written (none of the object's close),
+    add up to the model's own text of the arguments, and the whole reply reads the same."""
+    written = json.dumps(arguments, indent=indent, ensure_ascii=False)
+    block = f'{{"name": "lookup",{space}"arguments":{space}{written}{space}}}'
+    text = f"Let me see.\n<tool_call>\n{block}\n</tool_call>"
+    splitter = ToolCallSplitter(NAMES, stream_calls=True)
+    close = text.index("</tool_call>")
+    pieces: list[Piece] = []
+    at = 0
+    for cut in sorted({c for c in cuts if c < close} | {close}):
+        pieces += splitter.feed(text[at:cut])
+        at = cut
+    before_close = list(pieces)
+    pieces += splitter.feed(text[close:]) + splitter.flush()
+    assert [p.stage for p in before_close if p.call is not None][:1] == ["open"]
+    _check_streamed_calls(pieces)
+    (end,) = [p.call for p in pieces if p.complete]
+    assert end is not None and end.arguments == written and json.loads(end.arguments) == arguments
+    assert "".join(p.text for p in pieces if p.call is None) == "Let me see.\n"
+    content, (whole,) = split_reply(text, NAMES, stream_calls=True)
+    assert content == "Let me see." and whole.arguments == written
+
+
+def test_a_held_call_cut_short_is_a_call_as_far_as_written() -> None:
+    """max_tokens in the middle of a held call: the stream had begun it, so the whole reply
+    reads it as a call too, with its arguments as far as they were written."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    content, calls = split_reply(text, NAMES, stream_calls=True)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [
+        ("get_weather", '{"city": "Par')
+    ]
+    assert split_reply(text, NAMES) == (text, [])  # not held: the text as written
 
 
 def test_plain_text_streams_without_waiting() -> None:

@@ -25,11 +25,11 @@ from typing import Any
 
 from npuchat.engine.events import Failed, Finished, MetricsUpdate, TokenDelta, ToolCall
 
+from .call_splitter import call_events, primed_splitter, split_reply, stream_pieces
 from .metrics import prompt_tokens
 from .responses import Reply, recorded, sse
 from .schema import ApiError
 from .streaming import Start
-from .tools import primed_splitter, split_reply, stream_pieces
 
 _STOPS = {"eos": "end_turn", "max_tokens": "max_tokens", "length": "model_context_window_exceeded"}
 _FAILED = {"busy": 429, "invalid": 400}
@@ -78,6 +78,7 @@ class MessageShape:
     tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
     one_call: bool = False  # at most one tool call (`Prepared.one_call`)
+    stream_calls: bool = False  # calls stream as they are written (`Prepared.stream_calls`)
     stops: tuple[str, ...] = ()  # the request's stop_sequences
     id: str = field(default_factory=lambda: "msg_" + secrets.token_hex(12))
 
@@ -108,7 +109,11 @@ class MessageShape:
 
     def whole(self, reply: Reply) -> dict[str, Any]:
         text = self.prefix + reply.text
-        content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
+        content, calls = (
+            split_reply(text, self.tools, self.one_call, self.stream_calls)
+            if self.tools
+            else (text, [])
+        )
         blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content else []
         for call in calls:
             arguments = _input(call)
@@ -158,14 +163,23 @@ class _Events:
         return [*out, self.event("content_block_delta", index=self.index, delta=delta)]
 
     def call(self, call: ToolCall) -> list[bytes]:
-        arguments = _input(call)
-        if arguments is None:
+        """A whole call: a tool_use block with its input in one delta (a call whose arguments
+        are no object is text)."""
+        if _input(call) is None:
             return self.text(_as_text(call))
+        return [*self.call_open(call), *self.call_more(call.arguments), *self.call_end(call)]
+
+    def call_open(self, call: ToolCall) -> list[bytes]:
         self.called = True
-        out = [*self.close_text(), self._open({**_tool_use(call, arguments), "input": {}})]
-        delta = {"type": "input_json_delta", "partial_json": json.dumps(arguments)}
-        out.append(self.event("content_block_delta", index=self.index, delta=delta))
-        return [*out, self.event("content_block_stop", index=self.index)]
+        return [*self.close_text(), self._open(_tool_use(call, {}))]
+
+    def call_more(self, more: str) -> list[bytes]:
+        """The next stretch of the open tool_use block's input."""
+        delta = {"type": "input_json_delta", "partial_json": more}
+        return [self.event("content_block_delta", index=self.index, delta=delta)]
+
+    def call_end(self, call: ToolCall) -> list[bytes]:
+        return [self.event("content_block_stop", index=self.index)]
 
     def end(self) -> list[bytes]:
         reason, sequence = self.shape.stop(self.reply, self.called)
@@ -183,12 +197,12 @@ async def message_events(
     """The events of one reply (`starts` holds one: the Messages API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape, reply)
-    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix)
+    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix, shape.stream_calls)
 
     def pieces(text: str, final: bool = False) -> list[bytes]:
         out: list[bytes] = []
         for piece in stream_pieces(splitter, text, final):
-            out += ev.call(piece.call) if piece.call is not None else ev.text(piece.text)
+            out += ev.text(piece.text) if piece.call is None else call_events(piece, ev)
         return out
 
     held: list[bytes] | None = []  # what waits for message_start (None: it went out)

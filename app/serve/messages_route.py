@@ -50,6 +50,7 @@ async def create(request: Request) -> Response:
         prepared.tools,
         prepared.reply_prefix,
         one_call=prepared.one_call,
+        stream_calls=prepared.stream_calls,
         stops=tuple(given.stop_sequences or ()),
     )
 

@@ -41,6 +41,13 @@ class Prepared:
     one_call: bool = False
     """At most one tool call (`parallel_tool_calls` false, or a named function)."""
 
+    @property
+    def stream_calls(self) -> bool:
+        """Whether a grammar holds the reply's call blocks, so a call may stream as it is
+        written (`call_splitter`)."""
+        s = self.request.sampling
+        return bool(self.tools) and (s.grammar is not None or s.grammar_after is not None)
+
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))
 

@@ -28,7 +28,7 @@ from npuchat.engine.events import (
 )
 
 from . import metrics as figures
-from .tools import split_reply
+from .call_splitter import split_reply
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "length": "length"}
 
@@ -167,6 +167,7 @@ class ChatShape(_Shape):
     tools: frozenset[str] = frozenset()
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
     one_call: bool = False  # at most one tool call (`Prepared.one_call`)
+    stream_calls: bool = False  # calls stream as they are written (`Prepared.stream_calls`)
 
     def __post_init__(self) -> None:
         self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
@@ -185,7 +186,11 @@ class ChatShape(_Shape):
 
     def _choice(self, reply: Reply, index: int) -> dict[str, Any]:
         text = self.prefix + reply.text
-        content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
+        content, calls = (
+            split_reply(text, self.tools, self.one_call, self.stream_calls)
+            if self.tools
+            else (text, [])
+        )
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]
@@ -224,6 +229,17 @@ class ChatShape(_Shape):
         choice: int = 0,
     ) -> dict[str, Any]:
         delta = {"tool_calls": [_tool_call_json(call, index)]}
+        return self.chunk(delta, logprobs=logprobs, choice=choice)
+
+    def arguments_chunk(
+        self,
+        more: str,
+        index: int,
+        logprobs: list[TokenLogprob] | None = None,
+        choice: int = 0,
+    ) -> dict[str, Any]:
+        """The next stretch of a streamed call's arguments (`call_chunk` opened it)."""
+        delta = {"tool_calls": [{"index": index, "function": {"arguments": more}}]}
         return self.chunk(delta, logprobs=logprobs, choice=choice)
 
     def usage_chunk(self, replies: list[Reply]) -> dict[str, Any]:

@@ -20,11 +20,11 @@ from typing import Any
 
 from npuchat.engine.events import Failed, Finished, TokenDelta, TokenLogprob, ToolCall
 
+from .call_splitter import call_events, primed_splitter, split_reply, stream_pieces
 from .responses import Reply, chat_logprobs, recorded, sse
 from .responses_in import ResponseIn
 from .schema import ChatCompletionIn
 from .streaming import Start
-from .tools import primed_splitter, split_reply, stream_pieces
 
 _FAILED_CODES = {"busy": "rate_limit_exceeded", "invalid": "invalid_prompt"}
 
@@ -106,6 +106,7 @@ class ResponseShape:
     tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
     prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
     one_call: bool = False  # at most one tool call (`Prepared.one_call`)
+    stream_calls: bool = False  # calls stream as they are written (`Prepared.stream_calls`)
     logprobs: bool = False  # the request asked for them (`top_logprobs` or `include`)
     keep: Callable[[dict[str, Any]], None] | None = None  # `store`: where the answer is kept
     previous: str | None = None  # the kept response this one continues
@@ -146,7 +147,11 @@ class ResponseShape:
 
     def whole(self, reply: Reply) -> dict[str, Any]:
         text = self.prefix + reply.text
-        content, calls = split_reply(text, self.tools, self.one_call) if self.tools else (text, [])
+        content, calls = (
+            split_reply(text, self.tools, self.one_call, self.stream_calls)
+            if self.tools
+            else (text, [])
+        )
         probs = _token_logprobs(reply.logprobs) if self.logprobs and not calls else None
         output = [_message(_id("msg"), content, "completed", probs)] if content else []
         output += [_call(_id("fc"), c) for c in calls]
@@ -161,6 +166,7 @@ class _Events:
         self.seq = 0
         self.output: list[dict[str, Any]] = []
         self.message: dict[str, Any] | None = None  # the open message item
+        self.call_id = ""  # the latest function_call item's
         self.text = ""
 
     def event(self, kind: str, **fields: Any) -> bytes:
@@ -200,29 +206,39 @@ class _Events:
         return out
 
     def call(self, call: ToolCall) -> list[bytes]:
+        """A whole call: opened, its arguments in one delta, ended."""
+        return [*self.call_open(call), *self.call_more(call.arguments), *self.call_end(call)]
+
+    def call_open(self, call: ToolCall) -> list[bytes]:
         out = self.close_message()
-        item_id = _id("fc")
-        index = len(self.output)
-        done = _call(item_id, call)
-        out += [
-            self._added(_call(item_id, call, "in_progress")),
+        self.call_id = _id("fc")
+        return [*out, self._added(_call(self.call_id, call, "in_progress"))]
+
+    def call_more(self, more: str) -> list[bytes]:
+        """The next stretch of the open call's arguments."""
+        return [
             self.event(
                 "response.function_call_arguments.delta",
-                item_id=item_id,
-                output_index=index,
-                delta=call.arguments,
-            ),
+                item_id=self.call_id,
+                output_index=len(self.output),
+                delta=more,
+            )
+        ]
+
+    def call_end(self, call: ToolCall) -> list[bytes]:
+        index = len(self.output)
+        done = _call(self.call_id, call)
+        self.output.append(done)
+        return [
             self.event(
                 "response.function_call_arguments.done",
-                item_id=item_id,
+                item_id=self.call_id,
                 output_index=index,
                 name=call.name,
                 arguments=call.arguments,
             ),
             self.event("response.output_item.done", output_index=index, item=done),
         ]
-        self.output.append(done)
-        return out
 
     def _added(self, item: dict[str, Any]) -> bytes:
         return self.event("response.output_item.added", output_index=len(self.output), item=item)
@@ -252,7 +268,7 @@ async def response_events(
     """The events of one reply (`starts` holds one: the Responses API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape)
-    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix)
+    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix, shape.stream_calls)
     yield ev.response("response.created", shape.head("in_progress", []))
     yield ev.response("response.in_progress", shape.head("in_progress", []))
 
@@ -263,10 +279,10 @@ async def response_events(
             logprobs = None
         out: list[bytes] = []
         for piece in stream_pieces(splitter, text, final):
-            if piece.call is not None:
-                out += ev.call(piece.call)
-            else:
+            if piece.call is None:
                 out += ev.text_delta(piece.text, logprobs)
+            else:
+                out += call_events(piece, ev)
         return out
 
     pending: list[dict[str, Any]] = []  # log probabilities of tokens not yet sent

@@ -65,6 +65,7 @@ async def create(request: Request) -> Response:
         prepared.tools,
         prepared.reply_prefix,
         one_call=prepared.one_call,
+        stream_calls=prepared.stream_calls,
         logprobs=wants_logprobs(given),
         keep=keep if given.store else None,
         previous=given.previous_response_id,

@@ -281,6 +281,7 @@ async def chat_completions(request: Request) -> Response:
         tools=prepared.tools,
         prefix=prepared.reply_prefix,
         one_call=prepared.one_call,
+        stream_calls=prepared.stream_calls,
     )
 
     def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:

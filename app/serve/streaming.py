@@ -17,9 +17,9 @@ from starlette.types import Receive, Scope, Send
 
 from npuchat.engine.events import Event, Failed, TokenDelta, TokenLogprob
 
+from .call_splitter import primed_splitter, stream_pieces
 from .responses import ChatShape, Reply, TextShape, recorded, sse
 from .schema import ApiError
-from .tools import primed_splitter, stream_pieces
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -109,7 +109,9 @@ class _ChatChoice:
 
     def __init__(self, shape: ChatShape, index: int) -> None:
         self.shape, self.index = shape, index
-        self.splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix)
+        self.splitter = primed_splitter(
+            shape.tools, shape.one_call, shape.prefix, shape.stream_calls
+        )
         self.calls = 0
         self.pending: list[TokenLogprob] = []
 
@@ -122,11 +124,14 @@ class _ChatChoice:
         shape, i = self.shape, self.index
         out = []
         for piece in stream_pieces(self.splitter, text, final):
-            if piece.call is not None:
-                out.append(sse(shape.call_chunk(piece.call, self.calls, self.taken(), i)))
-                self.calls += 1
-            else:
+            if piece.call is None:
                 out.append(sse(shape.text_chunk(piece.text, self.taken(), i)))
+            elif piece.stage == "more":
+                out.append(sse(shape.arguments_chunk(piece.text, self.calls, self.taken(), i)))
+            elif piece.stage != "end":  # whole, or opened: its id and name
+                out.append(sse(shape.call_chunk(piece.call, self.calls, self.taken(), i)))
+            if piece.complete:
+                self.calls += 1
         return out
 
 

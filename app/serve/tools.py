@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import replace
 
 from npuchat.engine.events import ToolCall, ToolSpec
 from npuchat.engine.grammar import embedded_json, grammar_problem
@@ -33,6 +33,9 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 BARE_OPENING = '{"name"'  # how a bare call begins, whitespace left out (`bare_call_grammar`)
 FENCE = "```json"
 _FENCED = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
+# how a call the grammar holds opens: the name, then its arguments
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')
+_DECODER = json.JSONDecoder()
 
 
 def forced_call_prefix(name: str | None) -> str:
@@ -108,19 +111,59 @@ def new_call_id() -> str:
 
 
 def parse_call(block: str) -> ToolCall | None:
-    """A ToolCall from the JSON inside one block, or None when it is not one."""
+    """A ToolCall from the JSON inside one block, or None when it is not one. Its arguments
+    are the model's own text of them where the block is `{"name": ..., "arguments": {...}}`
+    (what the call grammar holds it to: `arguments_at`), so a call streamed as it is written
+    ends with the same text (`call_splitter`); else they are written out again."""
     try:
         data = json.loads(block)
     except (ValueError, RecursionError):  # a reply of 10,000 "[" is no call either
         return None
-    return _call_of(data)
+    call = _call_of(data)
+    if call is None or not isinstance(data.get("arguments"), dict):
+        return call
+    start = arguments_at(block, call.name)
+    if start is None:
+        return call
+    try:
+        _, end = _DECODER.raw_decode(block, start)
+    except (ValueError, RecursionError):
+        return call
+    return replace(call, arguments=block[start:end]) if block[end:].strip() == "}" else call
+
+
+def arguments_at(block: str, name: str | None = None) -> int | None:
+    """Where the arguments of a block that opens `{"name": NAME, "arguments": ` begin (their
+    first character written so far, whitespace left out), or None where it does not open so
+    (yet); `name`: the name it must have (None: an offered one is checked by the caller)."""
+    head = _HEAD.match(block)
+    if head is None or _name(head) is None or (name is not None and _name(head) != name):
+        return None
+    start = head.end()
+    while start < len(block) and block[start].isspace():
+        start += 1
+    return start
+
+
+def call_name(block: str) -> str | None:
+    """The name a block opening a call gives (`arguments_at`), None before it is known."""
+    head = _HEAD.match(block)
+    return _name(head) if head is not None else None
+
+
+def _name(head: re.Match[str]) -> str | None:
+    try:
+        name = json.loads(head.group(1))
+    except ValueError:  # an escape JSON does not know
+        return None
+    return name if isinstance(name, str) else None
 
 
 def bare_calls(text: str, names: frozenset[str]) -> list[ToolCall]:
     """The calls of a reply that is nothing but call objects naming offered tools, one or
     several with whitespace between (small models write one a line, as llama.cpp's server
     also reads them); [] when it is anything else."""
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     text = text.strip()
     calls: list[ToolCall] = []
     pos = 0
@@ -144,120 +187,3 @@ def _call_of(data: object) -> ToolCall | None:
     args = data.get("arguments", data.get("parameters", {}))
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return ToolCall(data["name"], text, new_call_id())
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A stretch of reply text, or one complete tool call."""
-
-    text: str = ""
-    call: ToolCall | None = None
-
-
-class ToolCallSplitter:
-    """Splits streamed reply text into content and tool calls as the text arrives.
-
-    Text that could be the start of `<tool_call>` is held back until it is clearly not;
-    inside a block everything waits for `</tool_call>`. A reply that opens with `{` or with a
-    json code block is held whole: it may be a bare call, known only at its end.
-    """
-
-    def __init__(self, names: frozenset[str] = frozenset(), one: bool = False) -> None:
-        self._names = names
-        self._one = one  # `parallel_tool_calls` false: bare calls past the first are dropped
-        self._buffer = ""
-        self._inside = False
-        self._bare: bool | None = None if names else False  # None: not known yet
-
-    def feed(self, text: str) -> list[Piece]:
-        self._buffer += text
-        head = self._buffer.lstrip()
-        if self._bare is None and head and not FENCE.startswith(head):
-            self._bare = head.startswith(("{", FENCE))
-        if self._bare is not False:
-            return []
-        out: list[Piece] = []
-        while True:
-            if self._inside:
-                end = self._buffer.find(CLOSE)
-                if end < 0:
-                    return out
-                block, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE) :]
-                self._inside = False
-                out.append(self._block(block))
-                continue
-            start = self._buffer.find(OPEN)
-            if start >= 0:
-                if start:
-                    out.append(Piece(self._buffer[:start]))
-                self._buffer = self._buffer[start + len(OPEN) :]
-                self._inside = True
-                continue
-            hold = _partial_suffix(self._buffer, OPEN)
-            safe = self._buffer[: len(self._buffer) - hold]
-            if safe:
-                out.append(Piece(safe))
-            self._buffer = self._buffer[len(safe) :]
-            return out
-
-    def flush(self) -> list[Piece]:
-        """The end of the reply: an unclosed block is still a call if its JSON is whole."""
-        rest, self._buffer = self._buffer, ""
-        if self._bare is not False:
-            self._bare = False
-            fenced = _FENCED.fullmatch(rest.strip())
-            calls = bare_calls(fenced.group(1) if fenced else rest, self._names)
-            if calls:
-                return [Piece(call=c) for c in calls[: 1 if self._one else None]]
-            return self.feed(rest) + self.flush()
-        if self._inside:
-            self._inside = False
-            return [self._block(rest, closed=False)]
-        return [Piece(rest)] if rest else []
-
-    def _block(self, block: str, closed: bool = True) -> Piece:
-        """A call, or the block as the model wrote it (an unclosed one without an end)."""
-        call = parse_call(block.strip())
-        if call is None or call.name not in self._names:
-            return Piece(OPEN + block + (CLOSE if closed else ""))
-        return Piece(call=call)
-
-
-def primed_splitter(names: frozenset[str], one: bool, prefix: str = "") -> ToolCallSplitter | None:
-    """A splitter for a reply to a request offering the tools `names` (None: none offered,
-    the text streams as it comes), fed what the reply was forced to start with (`prefix`:
-    an open block, so nothing comes out before its end)."""
-    if not names:
-        return None
-    splitter = ToolCallSplitter(names, one)
-    splitter.feed(prefix)
-    return splitter
-
-
-def stream_pieces(splitter: ToolCallSplitter | None, text: str, final: bool = False) -> list[Piece]:
-    """The text and calls of the next stretch of a streamed reply (`final`: its end), none
-    of them empty."""
-    if splitter is None:
-        return [Piece(text)] if text else []
-    pieces = splitter.flush() if final else splitter.feed(text)
-    return [p for p in pieces if p.call is not None or p.text]
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that begins `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
-
-
-def split_reply(
-    text: str, names: frozenset[str] = frozenset(), one: bool = False
-) -> tuple[str, list[ToolCall]]:
-    """(content, tool calls) of a whole reply; `names`: the request's tools (for bare calls);
-    `one`: at most one bare call (`parallel_tool_calls` false)."""
-    splitter = ToolCallSplitter(names, one)
-    pieces = splitter.feed(text) + splitter.flush()
-    content = "".join(p.text for p in pieces)
-    calls = [p.call for p in pieces if p.call is not None]
-    return (content.strip() if calls else content), calls

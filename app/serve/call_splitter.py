@@ -1,0 +1,257 @@
+"""A streamed reply split into its text and its tool calls as it arrives.
+
+Text that could be the start of `<tool_call>` is held back until it is clearly not. A block's
+call comes out whole at the block's end; or, where the request's grammar holds its calls
+(`stream_calls`: a forced call, or `auto`'s lazy grammar), as it is written, the way OpenAI's
+and Anthropic's streams give a call: its name once the block names an offered tool, then its
+arguments a stretch at a time, then its end. Only held calls are streamed so: the grammar
+makes the block `{"name": ..., "arguments": {...}}` and nothing else, so the stretches sent
+are the arguments' own text, never taken back (`tools.parse_call` ends the call with the same
+text). A reply that opens with `{` or a json code block is held whole: it may be bare calls,
+known only at its end.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
+
+from npuchat.engine.events import ToolCall
+
+from .tools import (
+    _FENCED,
+    CLOSE,
+    FENCE,
+    OPEN,
+    arguments_at,
+    bare_calls,
+    call_name,
+    new_call_id,
+    parse_call,
+)
+
+# what may end the arguments streamed so far: the call object's close, and space around it
+_CLOSING = re.compile(r"\s*(?:\}\s*)?$")
+
+Stage = Literal["whole", "open", "more", "end"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of reply text (`call` None), or a tool call: `whole`, or streamed as it is
+    written: `open` (its name and id), `more` (the next stretch of its arguments, `text`),
+    `end` (the call with all its arguments)."""
+
+    text: str = ""
+    call: ToolCall | None = None
+    stage: Stage = "whole"
+
+    @property
+    def complete(self) -> bool:
+        """A call with all its arguments: what a whole reply lists."""
+        return self.call is not None and self.stage in ("whole", "end")
+
+
+class ToolCallSplitter:
+    """Splits streamed reply text into content and tool calls (module doc)."""
+
+    def __init__(
+        self,
+        names: frozenset[str] = frozenset(),
+        one: bool = False,
+        stream_calls: bool = False,
+        prefix: str = "",
+    ) -> None:
+        """`prefix`: what the reply was forced to start with (a call's opening), read with
+        the first text fed."""
+        self._names = names
+        self._one = one  # `parallel_tool_calls` false: bare calls past the first are dropped
+        self._stream = stream_calls
+        self._buffer = prefix
+        self._inside = False
+        self._bare: bool | None = None if names else False  # None: not known yet
+        self._open: ToolCall | None = None  # the call being streamed
+        self._sent = ""  # its arguments sent so far
+        self._scan = _Scan()  # where the open block's end is looked for
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buffer += text
+        head = self._buffer.lstrip()
+        if self._bare is None and head and not FENCE.startswith(head):
+            self._bare = head.startswith(("{", FENCE))
+        if self._bare is not False:
+            return []
+        out: list[Piece] = []
+        while True:
+            if self._inside:
+                end = self._scan.close(self._buffer)
+                if end < 0:
+                    return out + self._written(self._buffer)
+                block, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE) :]
+                self._inside = False
+                out += self._block(block)
+                continue
+            start = self._buffer.find(OPEN)
+            if start >= 0:
+                if start:
+                    out.append(Piece(self._buffer[:start]))
+                self._buffer = self._buffer[start + len(OPEN) :]
+                self._inside, self._scan = True, _Scan()
+                continue
+            hold = _partial_suffix(self._buffer, OPEN)
+            safe = self._buffer[: len(self._buffer) - hold]
+            if safe:
+                out.append(Piece(safe))
+            self._buffer = self._buffer[len(safe) :]
+            return out
+
+    def flush(self) -> list[Piece]:
+        """The end of the reply: an unclosed block is still a call if its JSON is whole."""
+        rest, self._buffer = self._buffer, ""
+        if self._bare is not False:
+            self._bare = False
+            fenced = _FENCED.fullmatch(rest.strip())
+            calls = bare_calls(fenced.group(1) if fenced else rest, self._names)
+            if calls:
+                return [Piece(call=c) for c in calls[: 1 if self._one else None]]
+            return self.feed(rest) + self.flush()
+        if self._inside:
+            self._inside = False
+            return self._block(rest, closed=False)
+        return [Piece(rest)] if rest else []
+
+    def _written(self, block: str) -> list[Piece]:
+        """A held call's name and the stretch of its arguments written since the last (the
+        end that may be the object's close, or the block's, waits)."""
+        if not self._stream:
+            return []
+        out: list[Piece] = []
+        if self._open is None:
+            name = call_name(block)
+            if name is None or name not in self._names or arguments_at(block) is None:
+                return []
+            self._open, self._sent = ToolCall(name, "", new_call_id()), ""
+            out.append(Piece(call=self._open, stage="open"))
+        start = arguments_at(block)
+        assert start is not None  # it opened so
+        arguments = block[start : len(block) - _partial_suffix(block, CLOSE)]
+        ready = arguments[: _CLOSING.search(arguments).start()]  # type: ignore[union-attr]
+        if len(ready) > len(self._sent):
+            more = ready[len(self._sent) :]
+            self._sent = ready
+            out.append(Piece(more, self._open, "more"))
+        return out
+
+    def _block(self, block: str, closed: bool = True) -> list[Piece]:
+        """A call, or the block as the model wrote it (an unclosed one without an end); a
+        streamed call ends with the rest of its arguments."""
+        call = parse_call(block.strip())
+        opened, self._open = self._open, None
+        if opened is not None:  # its name and id went out: it ends as a call
+            arguments = call.arguments if call is not None else ""
+            if call is None or call.name != opened.name or not arguments.startswith(self._sent):
+                arguments = _written_arguments(block)  # not what was held: as written
+            rest = arguments[len(self._sent) :]
+            more = [Piece(rest, opened, "more")] if rest else []
+            return [*more, Piece(call=replace(opened, arguments=arguments), stage="end")]
+        if call is None or call.name not in self._names:
+            return [Piece(OPEN + block + (CLOSE if closed else ""))]
+        return [Piece(call=call)]
+
+
+class _Scan:
+    """Finds a block's `</tool_call>` outside its JSON strings (a call's argument may hold
+    the tag's text: code that writes a tool call), reading each character once."""
+
+    def __init__(self) -> None:
+        self.at = 0  # the block's characters read
+        self.in_string = False
+        self.escaped = False
+
+    def close(self, block: str) -> int:
+        """Where the block ends (-1: not yet)."""
+        while self.at < len(block):
+            c = block[self.at]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c == "<" and block.startswith(CLOSE, self.at):
+                return self.at
+            elif c == "<" and CLOSE.startswith(block[self.at :]):
+                return -1  # the tag's start: read again with what follows
+            self.at += 1
+        return -1
+
+
+def _written_arguments(block: str) -> str:
+    """A streamed call's arguments as the block wrote them, its object's close left out."""
+    start = arguments_at(block) or 0
+    arguments = block[start:]
+    return arguments[: _CLOSING.search(arguments).start()]  # type: ignore[union-attr]
+
+
+class CallEvents(Protocol):
+    """A stream's events for a tool call, whole or as it is written (`call_events`)."""
+
+    def call(self, call: ToolCall) -> list[bytes]: ...
+    def call_open(self, call: ToolCall) -> list[bytes]: ...
+    def call_more(self, more: str) -> list[bytes]: ...
+    def call_end(self, call: ToolCall) -> list[bytes]: ...
+
+
+def call_events(piece: Piece, events: CallEvents) -> list[bytes]:
+    """The events of a call's piece (`piece.call` is set)."""
+    assert piece.call is not None
+    if piece.stage == "whole":
+        return events.call(piece.call)
+    if piece.stage == "open":
+        return events.call_open(piece.call)
+    if piece.stage == "more":
+        return events.call_more(piece.text)
+    return events.call_end(piece.call)
+
+
+def primed_splitter(
+    names: frozenset[str], one: bool, prefix: str = "", stream_calls: bool = False
+) -> ToolCallSplitter | None:
+    """A splitter for a reply to a request offering the tools `names` (None: none offered,
+    the text streams as it comes) that was forced to start with `prefix`."""
+    return ToolCallSplitter(names, one, stream_calls, prefix) if names else None
+
+
+def stream_pieces(splitter: ToolCallSplitter | None, text: str, final: bool = False) -> list[Piece]:
+    """The text and calls of the next stretch of a streamed reply (`final`: its end), no
+    text empty."""
+    if splitter is None:
+        return [Piece(text)] if text else []
+    pieces = splitter.flush() if final else splitter.feed(text)
+    return [p for p in pieces if p.call is not None or p.text]
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that begins `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def split_reply(
+    text: str, names: frozenset[str] = frozenset(), one: bool = False, stream_calls: bool = False
+) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole reply; `names`: the request's tools (for bare calls);
+    `one`: at most one bare call (`parallel_tool_calls` false); `stream_calls`: as the
+    reply's stream reads it (a held call the reply cut short is still a call, its arguments
+    as far as they were written, as the stream had begun it)."""
+    splitter = ToolCallSplitter(names, one, stream_calls)
+    pieces = splitter.feed(text) + splitter.flush()
+    content = "".join(p.text for p in pieces if p.call is None)
+    calls = [p.call for p in pieces if p.complete and p.call is not None]
+    return (content.strip() if calls else content), calls
