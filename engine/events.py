@@ -74,10 +74,11 @@ class SamplingParams:
     """(token text, Lark grammar): free text until the reply writes that token (one token of
     the vocabulary), the rest held to the grammar; llama.cpp's lazy grammar, which holds a
     tool call the model starts under `auto` to the tools' schemas. Unused with the two above."""
-    grammar_if_starts: tuple[str, str] | None = None
-    """(text, Lark grammar): a reply whose text, whitespace left out, starts with that text is
-    held to the grammar from its first token, the tokens already written included (a small
-    model's bare `{"name": ...}` call under `auto`); else free. Unused with the first two."""
+    grammar_if_starts: tuple[tuple[str, str], ...] = ()
+    """(text, Lark grammar) pairs: a reply whose text, whitespace left out, starts with one's
+    text is held to its grammar from its first token, the tokens already written included (a
+    small model's bare `{"name": ...}` call under `auto`, or one in a json code block); else
+    free. Unused with the first two."""
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), OpenAI's
     seed: int | None = None
     max_tokens: int = 1024

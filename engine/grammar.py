@@ -168,10 +168,10 @@ Later = Callable[[], "Constraint"]
 
 def later_constraints(
     tokenizer: Tokenizer, params: SamplingParams
-) -> tuple[tuple[int, Later] | None, tuple[str, Later] | None]:
+) -> tuple[tuple[int, Later] | None, list[tuple[str, Later]]]:
     """`SamplingParams.grammar_after` as (the token that starts the held part, its maker),
     None where the text is not one token of this vocabulary (the reply is then free, as
-    without it); and `grammar_if_starts` as (the text, the whole reply's maker)."""
+    without it); and `grammar_if_starts` as (text, the whole reply's maker) pairs."""
 
     def maker(lark: str) -> Later:
         def make() -> Constraint:
@@ -184,7 +184,7 @@ def later_constraints(
     after, starts = params.grammar_after, params.grammar_if_starts
     token = tokenizer.token_to_id(after[0]) if after is not None else None
     lazy = (token, maker(after[1])) if after is not None and token is not None else None
-    return lazy, (starts[0], maker(starts[1])) if starts is not None else None
+    return lazy, [(text, maker(lark)) for text, lark in starts]
 
 
 class Constraint:

@@ -79,12 +79,13 @@ def stream_reply(
     shape: Constraint | None,
     clock: Callable[[], float],
     lazy: tuple[int, Later] | None = None,
-    starts: tuple[str, Later] | None = None,
+    starts: list[tuple[str, Later]] | None = None,
 ) -> Iterator[Event]:
     """The events of one reply after its prompt `ids` (`logits`: after the last of them);
     `shape`: the JSON schema the reply is held to (None: free text); `lazy`: a token and the
-    constraint the rest of the reply is held to once that token is written; `starts`: a text
-    and the constraint the whole reply is held to if it starts so (`later_constraints`)."""
+    constraint the rest of the reply is held to once that token is written; `starts`: texts,
+    each with the constraint the whole reply is held to if it starts so
+    (`later_constraints`)."""
     base = replace(
         metrics,
         prefill_tokens=len(ids) - reused,
@@ -166,7 +167,7 @@ def stream_reply(
                 stop = "eos"
             else:
                 piece = detok.push(token)
-                if starts is not None:
+                if starts:
                     written.append(token)
                     head += piece
                 text, hit = stops.feed(piece)
@@ -188,15 +189,16 @@ def stream_reply(
             if lazy is not None and shape is None and token == lazy[0]:
                 held_from(j, lazy[1]())
                 break
-            if starts is not None and shape is None:
+            if starts and shape is None:
                 begun = "".join(head.split())  # `{ "name"` and `{\n  "name"` start so too
-                if begun.startswith(starts[0]):
-                    made, starts = starts[1](), None
+                found = next((make for text, make in starts if begun.startswith(text)), None)
+                if found is not None:
+                    made, starts = found(), None
                     if all(made.consume(t) for t in written):  # else the reply stays free
                         held_from(j, made)
                         break
-                elif not starts[0].startswith(begun):
-                    starts = None  # the reply started otherwise
+                else:  # those the reply may still start as
+                    starts = [(text, m) for text, m in starts if text.startswith(begun)]
         if stop is not None:
             break
         token = queue[-1]

@@ -354,7 +354,7 @@ class ChatSession:
                     f"{self.model.max_capacity}; shorten it"
                 )
         shape = constraint_for(self.tokenizer, params.json_schema, params.grammar)
-        lazy, starts = later_constraints(self.tokenizer, params) if shape is None else (None, None)
+        lazy, starts = later_constraints(self.tokenizer, params) if shape is None else (None, [])
         store = store_lock or contextlib.nullcontext()
         if peers is not None:
             peers.claim(ids, cancel)

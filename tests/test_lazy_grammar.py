@@ -15,8 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from npuchat.app.serve.tools import bare_call_grammar
 from npuchat.engine.drafters import Draft, Drafter, LookupDrafter, _Stats
-from npuchat.engine.events import ChatMessage, ChatRequest, Finished, SamplingParams, TokenDelta
+from npuchat.engine.events import (
+    ChatMessage,
+    ChatRequest,
+    Finished,
+    SamplingParams,
+    TokenDelta,
+    ToolSpec,
+)
 from npuchat.engine.grammar import constraint_for, embedded_json
 from npuchat.engine.session import ChatSession
 from npuchat.engine.speculative import SpeculativeDecoder
@@ -59,7 +67,7 @@ class _Oracle(Drafter):
 def _reply(
     session: ChatSession,
     after: tuple[str, str] | None,
-    starts: tuple[str, str] | None = None,
+    *starts: tuple[str, str],
 ) -> tuple[list[int], Finished]:
     params = SamplingParams(
         temperature=0.0, max_tokens=80, grammar_after=after, grammar_if_starts=starts
@@ -138,6 +146,9 @@ def test_a_reply_that_starts_so_is_held_from_its_first_token(session: ChatSessio
         overrun, _ = _reply(session, None, starts)
         session.speculative = None
         other, _ = _reply(session, None, ("zz-not-how-it-starts", lark))
+        # of several openings, the one the reply starts as holds it (the other one begins
+        # the same way, so it is still a candidate when this one is met)
+        among, _ = _reply(session, None, (starts[0] + "zz", AFTER), starts)
     finally:
         session.close()
     assert held[: k + 1] == free[: k + 1] and held != free and final.stop_reason == "eos"
@@ -145,4 +156,35 @@ def test_a_reply_that_starts_so_is_held_from_its_first_token(session: ChatSessio
     assert shape is not None
     assert all(shape.consume(t) for t in held) and shape.done
     assert overrun == held and oracle.stats.accepted > k
-    assert other == free
+    assert other == free and among == held
+
+
+@pytest.mark.parametrize(
+    ("text", "whole"),
+    [
+        ('```json\n{"name": "lookup", "arguments": {"word": "fox"}}\n```', True),
+        ('```json\n{\n  "name": "lookup",\n  "arguments": {}\n}\n```', True),
+        (
+            '```json\n{"name": "lookup", "arguments": {}}\n'
+            '{"name": "lookup", "arguments": {}}\n```',
+            True,
+        ),
+        ('```json\n{"name": "lookup", "arguments": {}}\n```\nThat looks it up.', False),
+        ('```json\n{"name": "rm", "arguments": {}}\n```', False),
+    ],
+)
+def test_calls_in_a_json_code_block_are_held_to_the_tools(
+    session: ChatSession, text: str, whole: bool
+) -> None:
+    """The grammar a reply opening a json code block with a call is held to (qwen2.5-coder
+    writes its calls so under `auto`): calls to offered tools a line apart, then the block's
+    end and nothing after."""
+    tools = (ToolSpec("lookup", "", json.dumps({"type": "object"})),)
+    lark = bare_call_grammar(tools, several=True, fenced=True)
+    try:
+        shape = constraint_for(session.tokenizer, None, lark)
+        ids = session.tokenizer.encode(text, parse_special=False)
+    finally:
+        session.close()
+    assert shape is not None
+    assert (all(shape.consume(t) for t in ids) and shape.done) == whole

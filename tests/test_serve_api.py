@@ -203,10 +203,11 @@ def test_under_auto_a_call_the_model_opens_is_held_to_the_tools() -> None:
     assert trigger == "<tool_call>" and grammar_problem(grammar) is None
     assert 'LEAD: "\\n"' in grammar and "NEXT" in grammar and '"const": "get_weather"' in grammar
     assert json_mode.grammar_after is None and none.grammar_after is None
-    assert auto.grammar_if_starts is not None  # and a reply that is a bare call
-    opening, bare = auto.grammar_if_starts
+    # and a reply that is a bare call, or calls in a json code block
+    (opening, bare), (fence, fenced) = auto.grammar_if_starts
     assert opening == '{"name"' and grammar_problem(bare) is None and "SEP" in bare
-    assert json_mode.grammar_if_starts is None and none.grammar_if_starts is None
+    assert fence == '```json{"name"' and grammar_problem(fenced) is None and "SEP" in fenced
+    assert json_mode.grammar_if_starts == () and none.grammar_if_starts == ()
 
 
 def test_a_grammar_s_problem_is_remembered_as_it_is() -> None:

@@ -27,17 +27,11 @@ BODIES: dict[str, dict[str, Any]] = {
         "tools": [{"name": "get_weather", "input_schema": PARAMETERS}],
     },
 }
-CHUNKS = [
-    "Let me look. ",
-    "<tool_call>",
-    "\n",
-    '{"name": "get_weather", "arguments": {"city": "',
-    "Oslo",
-    '", "days": 3',
-    "}}",
-    "\n</tool_call>",
-]
-HOLD = CHUNKS.index("}}")  # the engine waits before writing the arguments' end
+CALL = ['{"name": "get_weather", "arguments": {"city": "', "Oslo", '", "days": 3', "}}"]
+FORMS = {  # a block (Qwen2.5's template), and a json code block (qwen2.5-coder's own habit)
+    "block": ["Let me look. ", "<tool_call>", "\n", *CALL, "\n</tool_call>"],
+    "fenced": ["```", "json\n", *CALL, "\n```"],
+}
 
 
 def _arguments(path: str, data: dict[str, Any]) -> tuple[str | None, str]:
@@ -61,9 +55,11 @@ def _arguments(path: str, data: dict[str, Any]) -> tuple[str | None, str]:
     return None, delta.get("partial_json", "") if delta.get("type") == "input_json_delta" else ""
 
 
+@pytest.mark.parametrize("form", sorted(FORMS))
 @pytest.mark.parametrize("path", sorted(BODIES))
-def test_a_held_call_streams_while_it_is_written(path: str) -> None:
-    reply = ScriptedReply(CHUNKS, hold_at=HOLD)
+def test_a_held_call_streams_while_it_is_written(path: str, form: str) -> None:
+    chunks = FORMS[form]
+    reply = ScriptedReply(chunks, hold_at=chunks.index("}}"))  # held before the object's end
     engine = ScriptedEngine([reply])
     names: list[str] = []
     during = ""  # arguments seen while the engine was held mid-call
@@ -84,4 +80,5 @@ def test_a_held_call_streams_while_it_is_written(path: str) -> None:
     assert names == ["get_weather"]
     assert during == '{"city": "Oslo", "days": 3'  # the object's close not sent yet
     assert streamed == '{"city": "Oslo", "days": 3}'
-    assert engine.requests[0].sampling.grammar_after is not None  # what holds the call
+    sampling = engine.requests[0].sampling  # what holds the call
+    assert sampling.grammar_after is not None and sampling.grammar_if_starts

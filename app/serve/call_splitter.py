@@ -21,8 +21,10 @@ from npuchat.engine.events import ToolCall
 
 from .tools import (
     _FENCED,
+    BARE_OPENING,
     CLOSE,
     FENCE,
+    FENCED_OPENING,
     OPEN,
     arguments_at,
     bare_calls,
@@ -35,6 +37,7 @@ from .tools import (
 _CLOSING = re.compile(r"\s*(?:\}\s*)?$")
 
 Stage = Literal["whole", "open", "more", "end"]
+_HELD = (BARE_OPENING, FENCED_OPENING)  # how a reply of held bare calls opens, spaces left out
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class ToolCallSplitter:
         self._open: ToolCall | None = None  # the call being streamed
         self._sent = ""  # its arguments sent so far
         self._scan = _Scan()  # where the open block's end is looked for
+        self._object: int | None = None  # where the bare call being read begins
+        self._held: bool | None = None  # the reply is held bare calls (None: not known yet)
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -81,7 +86,7 @@ class ToolCallSplitter:
         if self._bare is None and head and not FENCE.startswith(head):
             self._bare = head.startswith(("{", FENCE))
         if self._bare is not False:
-            return []
+            return self._bare_calls() if self._stream and self._held_bare() else []
         out: list[Piece] = []
         while True:
             if self._inside:
@@ -108,6 +113,8 @@ class ToolCallSplitter:
 
     def flush(self) -> list[Piece]:
         """The end of the reply: an unclosed block is still a call if its JSON is whole."""
+        if self._stream and self._bare and self._held_bare():
+            return self._bare_calls(final=True)
         rest, self._buffer = self._buffer, ""
         if self._bare is not False:
             self._bare = False
@@ -143,9 +150,50 @@ class ToolCallSplitter:
             out.append(Piece(more, self._open, "more"))
         return out
 
-    def _block(self, block: str, closed: bool = True) -> list[Piece]:
-        """A call, or the block as the model wrote it (an unclosed one without an end); a
-        streamed call ends with the rest of its arguments."""
+    def _held_bare(self) -> bool:
+        """Whether the reply opens as bare calls (or calls in a json code block) the grammar
+        holds from there (`tools.bare_call_grammar`: its openings)."""
+        if self._held is None:
+            head = "".join(self._buffer[:64].split())  # enough to tell
+            if head.startswith(_HELD):
+                self._held = True
+            elif not any(o.startswith(head) for o in _HELD):
+                self._held = False
+        return bool(self._held)
+
+    def _bare_calls(self, final: bool = False) -> list[Piece]:
+        """A held reply of bare calls, read as it is written: each object a call, streamed
+        as a block's call is; the code block's fences and the space between are no text."""
+        out: list[Piece] = []
+        while True:
+            if self._object is None:
+                at = self._scan.at
+                if self._buffer.startswith(FENCE, at) and "\n" in self._buffer[at:]:
+                    at = self._buffer.index("\n", at)  # the code block's opening line
+                while at < len(self._buffer) and self._buffer[at].isspace():
+                    at += 1
+                self._scan.at = at
+                if not self._buffer.startswith("{", at):
+                    break
+                self._object, self._scan = at, _Scan(at)
+            end = self._scan.object_end(self._buffer)
+            block = self._buffer[self._object : end if end >= 0 else len(self._buffer)]
+            if end < 0:
+                out += self._written(block)
+                break
+            out += self._block(block, written=block)
+            self._object, self._scan = None, _Scan(end)
+        if not final:
+            return out
+        if self._object is not None:  # cut short
+            out += self._block(self._buffer[self._object :], written=self._buffer[self._object :])
+        rest = self._buffer[self._scan.at :].strip()
+        rest = rest.removeprefix(FENCE).strip().removesuffix("```").strip()
+        return [*out, Piece(rest)] if rest and self._object is None else out
+
+    def _block(self, block: str, closed: bool = True, written: str | None = None) -> list[Piece]:
+        """A call, or the block as the model wrote it (`written`, else inside its tags, an
+        unclosed one without an end); a streamed call ends with the rest of its arguments."""
         call = parse_call(block.strip())
         opened, self._open = self._open, None
         if opened is not None:  # its name and id went out: it ends as a call
@@ -156,37 +204,60 @@ class ToolCallSplitter:
             more = [Piece(rest, opened, "more")] if rest else []
             return [*more, Piece(call=replace(opened, arguments=arguments), stage="end")]
         if call is None or call.name not in self._names:
-            return [Piece(OPEN + block + (CLOSE if closed else ""))]
+            if written is None:
+                written = OPEN + block + (CLOSE if closed else "")
+            return [Piece(written)]
         return [Piece(call=call)]
 
 
 class _Scan:
-    """Finds a block's `</tool_call>` outside its JSON strings (a call's argument may hold
-    the tag's text: code that writes a tool call), reading each character once."""
+    """Finds where a block's `</tool_call>` or a bare call's object ends, outside JSON strings
+    (a call's argument may hold the tag's text, or braces), reading each character once."""
 
-    def __init__(self) -> None:
-        self.at = 0  # the block's characters read
+    def __init__(self, at: int = 0) -> None:
+        self.at = at  # the text's characters read
         self.in_string = False
         self.escaped = False
+        self.depth = 0  # braces and brackets open
+
+    def _string(self, c: str) -> bool:
+        """Read `c` as part of a JSON string, or as its opening quote; False: outside one."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif c == "\\":
+                self.escaped = True
+            elif c == '"':
+                self.in_string = False
+            return True
+        self.in_string = c == '"'
+        return self.in_string
 
     def close(self, block: str) -> int:
         """Where the block ends (-1: not yet)."""
         while self.at < len(block):
             c = block[self.at]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif c == "\\":
-                    self.escaped = True
-                elif c == '"':
-                    self.in_string = False
-            elif c == '"':
-                self.in_string = True
-            elif c == "<" and block.startswith(CLOSE, self.at):
-                return self.at
-            elif c == "<" and CLOSE.startswith(block[self.at :]):
-                return -1  # the tag's start: read again with what follows
+            if not self._string(c) and c == "<":
+                if block.startswith(CLOSE, self.at):
+                    return self.at
+                if CLOSE.startswith(block[self.at :]):
+                    return -1  # the tag's start: read again with what follows
             self.at += 1
+        return -1
+
+    def object_end(self, text: str) -> int:
+        """Where the JSON object read from `at` ends, just past its close (-1: not yet)."""
+        while self.at < len(text):
+            c = text[self.at]
+            self.at += 1
+            if self._string(c):
+                continue
+            if c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return self.at
         return -1
 
 

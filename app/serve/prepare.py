@@ -20,7 +20,15 @@ from .schema import (
     SamplingIn,
     ToolCallIn,
 )
-from .tools import BARE_OPENING, CLOSE, OPEN, bare_call_grammar, call_grammar, forced_call_prefix
+from .tools import (
+    BARE_OPENING,
+    CLOSE,
+    FENCED_OPENING,
+    OPEN,
+    bare_call_grammar,
+    call_grammar,
+    forced_call_prefix,
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,8 @@ class Prepared:
         """Whether a grammar holds the reply's call blocks, so a call may stream as it is
         written (`call_splitter`)."""
         s = self.request.sampling
-        return bool(self.tools) and (s.grammar is not None or s.grammar_after is not None)
+        held = s.grammar is not None or s.grammar_after is not None or s.grammar_if_starts
+        return bool(self.tools) and bool(held)
 
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))
@@ -178,8 +187,11 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
         if after is not None:
             sampling = replace(sampling, grammar_after=(OPEN, after))
         bare = bare_call_grammar(tools, several=not one_call)  # as small models write them
-        if bare is not None:
-            sampling = replace(sampling, grammar_if_starts=(BARE_OPENING, bare))
+        fenced = bare_call_grammar(tools, several=not one_call, fenced=True)
+        openings = ((BARE_OPENING, bare), (FENCED_OPENING, fenced))
+        sampling = replace(
+            sampling, grammar_if_starts=tuple((o, g) for o, g in openings if g is not None)
+        )
     if tools and one_call:  # one call: the reply ends with its block
         sampling = replace(sampling, stop=(*sampling.stop, CLOSE))
     request = ChatRequest(

@@ -32,6 +32,7 @@ from npuchat.engine.grammar import embedded_json, grammar_problem
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 BARE_OPENING = '{"name"'  # how a bare call begins, whitespace left out (`bare_call_grammar`)
 FENCE = "```json"
+FENCED_OPENING = FENCE + BARE_OPENING  # and bare calls in a json code block
 _FENCED = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
 # how a call the grammar holds opens: the name, then its arguments
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')
@@ -67,11 +68,18 @@ def call_grammar(
     return lark if grammar_problem(lark) is None else None
 
 
-def bare_call_grammar(tools: tuple[ToolSpec, ...], several: bool) -> str | None:
+def bare_call_grammar(
+    tools: tuple[ToolSpec, ...], several: bool, fenced: bool = False
+) -> str | None:
     """The Lark grammar of a reply that is bare call objects, as small models write calls
-    (`bare_calls`): one or, given `several`, more a line apart, nothing after; None where
-    llguidance cannot compile it."""
-    lines = ["start: WS? call" + ("" if not several else " (SEP call)*"), r"WS: /[ \t\n]+/"]
+    (`bare_calls`): one or, given `several`, more a line apart, nothing after; `fenced`: in a
+    json code block, nothing after its end; None where llguidance cannot compile it."""
+    calls = "call" + ("" if not several else " (SEP call)*")
+    if fenced:
+        lines = [f"start: OPEN_FENCE {calls} CLOSE_FENCE", r"OPEN_FENCE: /```json[ \t]*\n[ \t\n]*/"]
+        lines.append(r"CLOSE_FENCE: /[ \t\n]*```/")
+    else:
+        lines = [f"start: WS? {calls}", r"WS: /[ \t\n]+/"]
     if several:
         lines.append(r"SEP: /[ \t]*\n[ \t\n]*/")
     lark = "\n".join([*lines, _call_rule(tools, None)]) + "\n"
