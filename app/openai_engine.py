@@ -43,6 +43,28 @@ from npuchat.engine.grammar import ANY_OBJECT
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0  # a long prefill on a slow server sends nothing for a while
 METRICS_INTERVAL_S = 0.1
+MAX_LINE_CHARS = 4 << 20  # one event's line: far more than any chunk of a reply
+
+
+class _LineTooLong(ValueError):
+    pass
+
+
+def _lines(texts: Iterator[str], limit: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """The lines of a stream of text, each at most `limit` characters: a server that never
+    ends a line cannot fill the memory (httpx's own `iter_lines` keeps all of it)."""
+    rest = ""
+    for text in texts:
+        parts = (rest + text).splitlines(keepends=True)
+        rest = parts.pop() if parts and not parts[-1].endswith(("\n", "\r")) else ""
+        for part in parts:
+            yield part.rstrip("\r\n")
+        if len(rest) > limit:
+            raise _LineTooLong(f"a line of its reply is over {limit:,} characters")
+    if rest:
+        yield rest
+
+
 _STOP_REASONS: dict[str, StopReason] = {"stop": "eos", "length": "max_tokens", "tool_calls": "eos"}
 
 
@@ -289,7 +311,7 @@ class _Reply:
         finish: str | None = None
         last_emit = 0.0
         try:
-            for line in self.response.iter_lines():
+            for line in _lines(self.response.iter_text()):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -317,6 +339,9 @@ class _Reply:
                 if self.t_first and now - last_emit >= METRICS_INTERVAL_S:
                     last_emit = now
                     yield MetricsUpdate(self.metrics())
+        except _LineTooLong as exc:
+            yield Failed(f"the server sent a reply npuchat cannot read: {exc}")
+            return
         except (httpx.HTTPError, httpx.StreamError, ValueError) as exc:
             if not self.cancel.is_set():
                 yield Failed(f"the server's reply broke off: {exc}")

@@ -4,12 +4,12 @@ every reply ends in one event the app shows as a line, never an exception in its
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from npuchat.app.openai_engine import OpenAIEngine
@@ -98,3 +98,45 @@ def test_a_model_list_of_another_shape_is_a_one_line_error(models: object, serve
     with pytest.raises(NpuchatError, match="OpenAI-compatible") as info:
         OpenAIEngine(url)
     assert "\n" not in str(info.value)
+
+
+def test_a_line_that_never_ends_is_a_one_line_error() -> None:
+    """A server that streams one line forever: the reply fails once the line is over the
+    bound, instead of growing in memory until the user gives up."""
+    endless = Server(_endless_app()).start()
+    engine = OpenAIEngine(endless.url)
+    cancel = threading.Event()
+    events: list[object] = []
+    reader = threading.Thread(target=lambda: events.extend(engine.generate(REQUEST, cancel)))
+    try:
+        reader.start()
+        reader.join(60)
+        finished = not reader.is_alive()
+    finally:
+        cancel.set()  # ends it either way
+        reader.join(10)
+        engine.close()
+        endless.stop()
+    assert finished, "the reply was still being read after 60 s"
+    last = events[-1]
+    assert isinstance(last, Failed) and "\n" not in last.message and "over" in last.message
+
+
+def _endless_app() -> Starlette:
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"data": [{"id": "m"}]})
+
+    async def chat(request: Request) -> Response:
+        async def forever() -> AsyncIterator[bytes]:
+            yield b"data: "
+            while True:
+                yield b"x" * 65536
+
+        return StreamingResponse(forever(), media_type="text/event-stream")
+
+    return Starlette(
+        routes=[
+            Route("/v1/models", list_models),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ]
+    )

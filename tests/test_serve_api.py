@@ -502,7 +502,7 @@ def test_disconnect_while_waiting_for_a_whole_reply_cancels_it() -> None:
         body = json.dumps(_chat()).encode()
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b"Content-Type: application/json\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anthropic
@@ -56,7 +57,14 @@ def _events(url: str, body: dict[str, Any]) -> list[Any]:
     """The stream's events, each validated as the `anthropic` package's event type (an error
     event's data is Anthropic's error object)."""
     data = named_events(url + "/v1/messages", body)
-    return [e if e["type"] == "error" else EVENTS.validate_python(e) for e in data]
+    return [
+        _other(e) if e["type"] in ("error", "ping") else EVENTS.validate_python(e) for e in data
+    ]
+
+
+def _other(data: dict[str, Any]) -> Any:
+    """An event the SDK reads apart from the message's (a ping it skips, an error it raises)."""
+    return SimpleNamespace(**data)
 
 
 def test_a_text_reply_whole_and_streamed() -> None:
@@ -89,6 +97,25 @@ def test_a_text_reply_whole_and_streamed() -> None:
     assert start.input_tokens == final.usage.input_tokens
     request = engine.requests[0]
     assert request.system_prompt == "be brief" and request.messages[0].content == "hi"
+
+
+def test_a_long_prompt_s_reading_starts_the_stream_and_pings() -> None:
+    """While a long prompt is read the stream is not silent: message_start (with the whole
+    prompt's count) at the first report, then a ping per report, as Anthropic's stream does."""
+    replies = [ScriptedReply(["ok"], prefill=[(128, 384), (256, 384)]) for _ in range(2)]
+    engine = ScriptedEngine(replies)
+    with _client(engine) as (url, client):
+        events = _events(url, _hi())
+        with client.messages.stream(**_hi()) as stream:  # the SDK reads past the pings
+            final = stream.get_final_message()
+    assert final.content[0].text == "ok"
+    assert [e.type for e in events[:4]] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+    ]
+    assert events[0].message.usage.input_tokens == 384
 
 
 def test_a_tool_call_and_its_result() -> None:
@@ -243,7 +270,7 @@ def test_a_failure_mid_stream_ends_with_an_error_event() -> None:
         broke = pytest.raises(anthropic.APIStatusError, match="the engine broke")
         with broke, client.messages.stream(**ask) as stream:
             stream.get_final_message()
-    error = ErrorResponse.model_validate(events[-1])
+    error = ErrorResponse.model_validate(vars(events[-1]))
     assert error.error.type == "api_error" and error.error.message == "the engine broke"
 
 

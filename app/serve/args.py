@@ -32,6 +32,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key", help="as --api-key-file, but the key shows in `ps` to every user here"
     )
     p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let web pages from ORIGIN (https://host[:port], or * for any) use the server; "
+        "pages from this machine may, others are refused (repeatable)",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=DEFAULT_MAX_QUEUE,

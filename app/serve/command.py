@@ -20,7 +20,7 @@ from ..context import AppContext
 from ..engine_factory import check_draft, open_concurrent_engine
 from ..engine_port import EngineSpec
 from ..progress import RichPullProgress
-from .auth import check_bind
+from .auth import check_bind, is_loopback
 from .server import ServedModel, Server, create_app
 
 
@@ -62,7 +62,14 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     try:
         card = ServedModel(model, engine.model.max_capacity, engine.draft_name, engine.device)
         # the engine runs batch_max replies at once and queues the rest itself
-        app = create_app(engine, card, api_keys=keys, slots=None)
+        app = create_app(
+            engine,
+            card,
+            api_keys=keys,
+            slots=None,
+            allowed_origins=tuple(args.allow_origin),
+            loopback=is_loopback(args.host),
+        )
         server = Server(app, args.host, args.port, log_level="info")
         # JSON mode, schemas and forced tool calls need it: ~1 s of the first one's otherwise
         vocab = threading.Thread(target=prepare_vocabulary, args=(engine.tokenizer,), daemon=True)

@@ -12,7 +12,9 @@ block `content_block_start`, its deltas (`text_delta`, or one `input_json_delta`
 call's arguments: a call comes out whole when its block closes, as chat completions split
 them), `content_block_stop`; last `message_delta` (the stop reason and the final usage) and
 `message_stop`, or an `error` event where the engine refused the reply. `message_start` waits
-for the first token's figures, so its `input_tokens` are the prompt's, not a guess.
+for the prompt's figures (from the first report of a long prompt's reading, else the first
+token's), so its `input_tokens` are the prompt's, not a guess; while a long prompt is read,
+`ping` events say the server is at work, as Anthropic's do.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ _FAILED = {"busy": 429, "invalid": 400}
 
 
 def _usage(reply: Reply) -> dict[str, Any]:
+    """The reply's usage; while the prompt is being read, the whole prompt's (`prefill_total`:
+    what is read this time, `reused_tokens`: what is not)."""
     m = reply.metrics
     return {
-        "input_tokens": prompt_tokens(m) - m.reused_tokens,
+        "input_tokens": max(m.prefill_total, prompt_tokens(m) - m.reused_tokens),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": m.reused_tokens,
         "output_tokens": reply.completion_tokens,
@@ -209,13 +213,14 @@ async def message_events(
     seen_token = False
     async for event in recorded(first, rest, reply):
         out = pieces(event.text) if isinstance(event, TokenDelta) and event.text else []
-        if held is not None:  # the first token's figures come in the event after it
+        figures = isinstance(event, MetricsUpdate)
+        if held is not None:  # the prompt's figures: the first token's come in the event after it
             held += out
-            ready = seen_token and isinstance(event, MetricsUpdate)
-            seen_token = seen_token or isinstance(event, TokenDelta)
-            if not ready and reply.terminal is None:
-                continue
-            out, held = [ev.start(), *held], None
+            ready = figures and (seen_token or reply.metrics.prefill_total > 0)
+            out, held = ([ev.start(), *held], None) if ready or reply.terminal else ([], held)
+        elif figures and not seen_token:  # a long prompt is still being read
+            out = [ev.event("ping")]
+        seen_token = seen_token or isinstance(event, TokenDelta)
         for chunk in out:
             yield chunk
     done([reply])

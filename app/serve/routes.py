@@ -56,6 +56,7 @@ class Service:
     max_body_bytes: int = MAX_BODY_BYTES
     started: float = 0.0
     responses: ResponseStore = field(default_factory=ResponseStore)
+    browsers: tuple[tuple[str, ...], bool] = ((), True)  # allowed origins, loopback only
 
 
 def error_response(exc: ApiError, anthropic: bool = False) -> JSONResponse:

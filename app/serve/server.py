@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,6 +25,7 @@ from npuchat.engine.events import ChatEngine
 
 from . import auth, messages_route, responses_route, routes, tokens
 from .args import DEFAULT_MAX_QUEUE
+from .browsers import LOOPBACK_ORIGINS, check_browser
 from .metrics import ServerMetrics
 from .routes import ServedModel, Service, error_response
 from .runner import Admission
@@ -54,8 +56,10 @@ class _Guard:
             await send(message)
 
         try:
+            service = self.service
+            check_browser(headers.get("origin"), headers.get("host"), *service.browsers)
             given = auth.given_key(headers.get("authorization"), headers.get("x-api-key"))
-            auth.check_request(path, given, self.service.api_keys)
+            auth.check_request(path, given, service.api_keys)
         except ApiError as exc:
             await _answer(exc, path)(scope, receive, counting_send)
         else:
@@ -127,13 +131,23 @@ def create_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     slots: int | None = 1,
     max_body_bytes: int = routes.MAX_BODY_BYTES,
+    allowed_origins: tuple[str, ...] = (),
+    loopback: bool = True,
 ) -> Starlette:
     """The service over `engine`. `slots`: replies the engine runs at once (None: the engine
-    schedules and queues them itself)."""
+    schedules and queues them itself); `allowed_origins`: web pages beyond this machine's
+    that may use it (`browsers`); `loopback`: it listens on loopback only."""
     admission = Admission(slots, max_queue)
     metrics = ServerMetrics(model.id, model.draft, model.device, admission.load)
     service = Service(
-        engine, model, admission, metrics, api_keys, max_body_bytes, started=time.time()
+        engine,
+        model,
+        admission,
+        metrics,
+        api_keys,
+        max_body_bytes,
+        started=time.time(),
+        browsers=(allowed_origins, loopback),
     )
     app = Starlette(
         routes=_ROUTES,
@@ -145,6 +159,15 @@ def create_app(
     )
     app.state.service = service
     app.add_middleware(_Guard, service=service)
+    # the pages `_Guard` lets in may read the answers (and ask first: preflight requests)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(allowed_origins),
+        allow_origin_regex=LOOPBACK_ORIGINS,
+        allow_methods=["GET", "POST", "DELETE"],
+        allow_headers=["*"],
+        expose_headers=["Retry-After"],
+    )
     return app
 
 
