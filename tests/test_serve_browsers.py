@@ -31,6 +31,8 @@ def test_a_page_from_elsewhere_is_refused_and_this_machine_s_pages_are_served() 
         evil_messages = _post(url, "/v1/messages", MESSAGE, Origin="https://evil.example")
         local = _post(url, "/v1/chat/completions", CHAT, Origin="http://localhost:3000")
         plain = _post(url, "/v1/chat/completions", CHAT)  # no Origin: not a browser
+        webview = _post(url, "/v1/chat/completions", CHAT, Origin="vscode-webview://abc123")
+        null = _post(url, "/v1/chat/completions", CHAT, Origin="null")  # a file or sandbox
         asked = httpx.options(
             url + "/v1/chat/completions",
             headers={
@@ -51,10 +53,13 @@ def test_a_page_from_elsewhere_is_refused_and_this_machine_s_pages_are_served() 
     assert local.status_code == 200 and local.json()["choices"][0]["message"]["content"] == "ok"
     assert local.headers["access-control-allow-origin"] == "http://localhost:3000"
     assert plain.status_code == 200
+    assert webview.status_code == 200  # an editor's own page
+    assert webview.headers["access-control-allow-origin"] == "vscode-webview://abc123"
+    assert null.status_code == 403
     assert asked.status_code == 200
     assert asked.headers["access-control-allow-origin"] == "http://127.0.0.1:5173"
     assert "access-control-allow-origin" not in asked_evil.headers
-    assert len(engine.requests) == 2  # the refused pages ran nothing
+    assert len(engine.requests) == 3  # the refused pages ran nothing
 
 
 def test_an_allowed_origin_is_served() -> None:

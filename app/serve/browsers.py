@@ -19,7 +19,13 @@ from urllib.parse import urlsplit
 from .auth import is_loopback
 from .schema import ApiError
 
-LOOPBACK_ORIGINS = r"https?://(localhost|127\.\d{1,3}\.\d{1,3}\.\d{1,3}|\[::1\])(:\d{1,5})?"
+# desktop apps' own pages (editors' webviews, Tauri and Electron shells), as Ollama lets them:
+# no web page can claim these origins
+APP_SCHEMES = ("app", "tauri", "vscode-webview", "vscode-file")
+LOOPBACK_ORIGINS = (
+    r"https?://(localhost|127\.\d{1,3}\.\d{1,3}\.\d{1,3}|\[::1\])(:\d{1,5})?"
+    r"|(app|tauri|vscode-webview|vscode-file)://[^\s]*"
+)
 
 
 def _host_name(host: str) -> str:
@@ -30,11 +36,13 @@ def _host_name(host: str) -> str:
 
 
 def allowed_origin(origin: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a page from `origin` may use the server: this machine's pages, and those
-    given (`--allow-origin`, `*` for any)."""
+    """Whether a page from `origin` may use the server: this machine's pages and apps, and
+    those given (`--allow-origin`, `*` for any)."""
     if origin in allowed or "*" in allowed:
         return True
     parts = urlsplit(origin)
+    if parts.scheme in APP_SCHEMES:
+        return True
     return parts.scheme in ("http", "https") and is_loopback(_host_name(parts.netloc))
 
 
