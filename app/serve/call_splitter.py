@@ -8,7 +8,9 @@ arguments a stretch at a time, then its end. Only held calls are streamed so: th
 makes the block `{"name": ..., "arguments": {...}}` and nothing else, so the stretches sent
 are the arguments' own text, never taken back (`tools.parse_call` ends the call with the same
 text). A reply that opens with `{` or a json code block is held whole: it may be bare calls,
-known only at its end.
+known only at its end; unless the grammar holds it from its opening (`{"name"`, or the code
+block's opening and `{"name"`: `tools.bare_call_grammar`), when each object is a call, streamed
+as a block's is.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import Literal, Protocol
 from npuchat.engine.events import ToolCall
 
 from .tools import (
-    _FENCED,
     BARE_OPENING,
     CLOSE,
     FENCE,
+    FENCED_BLOCK,
     FENCED_OPENING,
     OPEN,
     arguments_at,
@@ -118,7 +120,7 @@ class ToolCallSplitter:
         rest, self._buffer = self._buffer, ""
         if self._bare is not False:
             self._bare = False
-            fenced = _FENCED.fullmatch(rest.strip())
+            fenced = FENCED_BLOCK.fullmatch(rest.strip())
             calls = bare_calls(fenced.group(1) if fenced else rest, self._names)
             if calls:
                 return [Piece(call=c) for c in calls[: 1 if self._one else None]]

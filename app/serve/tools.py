@@ -33,7 +33,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 BARE_OPENING = '{"name"'  # how a bare call begins, whitespace left out (`bare_call_grammar`)
 FENCE = "```json"
 FENCED_OPENING = FENCE + BARE_OPENING  # and bare calls in a json code block
-_FENCED = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
+FENCED_BLOCK = re.compile(r"```json[ \t]*\n(.*?)\n?```", re.DOTALL)
 # how a call the grammar holds opens: the name, then its arguments
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')
 _DECODER = json.JSONDecoder()
