@@ -15,7 +15,6 @@ as a block's is.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -34,9 +33,6 @@ from .tools import (
     new_call_id,
     parse_call,
 )
-
-# what may end the arguments streamed so far: the call object's close, and space around it
-_CLOSING = re.compile(r"\s*(?:\}\s*)?$")
 
 Stage = Literal["whole", "open", "more", "end"]
 _HELD = (BARE_OPENING, FENCED_OPENING)  # how a reply of held bare calls opens, spaces left out
@@ -77,7 +73,8 @@ class ToolCallSplitter:
         self._inside = False
         self._bare: bool | None = None if names else False  # None: not known yet
         self._open: ToolCall | None = None  # the call being streamed
-        self._sent = ""  # its arguments sent so far
+        self._sent: list[str] = []  # its arguments' stretches sent so far
+        self._sent_chars = 0
         self._scan = _Scan()  # where the open block's end is looked for
         self._object: int | None = None  # where the bare call being read begins
         self._held: bool | None = None  # the reply is held bare calls (None: not known yet)
@@ -140,15 +137,15 @@ class ToolCallSplitter:
             name = call_name(block)
             if name is None or name not in self._names or arguments_at(block) is None:
                 return []
-            self._open, self._sent = ToolCall(name, "", new_call_id()), ""
+            self._open, self._sent, self._sent_chars = ToolCall(name, "", new_call_id()), [], 0
             out.append(Piece(call=self._open, stage="open"))
         start = arguments_at(block)
         assert start is not None  # it opened so
-        arguments = block[start : len(block) - _partial_suffix(block, CLOSE)]
-        ready = arguments[: _CLOSING.search(arguments).start()]  # type: ignore[union-attr]
-        if len(ready) > len(self._sent):
-            more = ready[len(self._sent) :]
-            self._sent = ready
+        end = _ready_end(block, start, len(block) - _partial_suffix(block, CLOSE))
+        if end - start > self._sent_chars:  # only the new stretch is read: a long argument
+            more = block[start + self._sent_chars : end]  # costs no more per piece
+            self._sent.append(more)
+            self._sent_chars = end - start
             out.append(Piece(more, self._open, "more"))
         return out
 
@@ -199,10 +196,11 @@ class ToolCallSplitter:
         call = parse_call(block.strip())
         opened, self._open = self._open, None
         if opened is not None:  # its name and id went out: it ends as a call
+            sent = "".join(self._sent)
             arguments = call.arguments if call is not None else ""
-            if call is None or call.name != opened.name or not arguments.startswith(self._sent):
+            if call is None or call.name != opened.name or not arguments.startswith(sent):
                 arguments = _written_arguments(block)  # not what was held: as written
-            rest = arguments[len(self._sent) :]
+            rest = arguments[len(sent) :]
             more = [Piece(rest, opened, "more")] if rest else []
             return [*more, Piece(call=replace(opened, arguments=arguments), stage="end")]
         if call is None or call.name not in self._names:
@@ -263,11 +261,23 @@ class _Scan:
         return -1
 
 
+def _ready_end(text: str, start: int, end: int) -> int:
+    """Where the arguments in `text[start:end]` end for now: before what may be the call
+    object's close (a last `}` and the space around it), found from the end."""
+    at = end
+    while at > start and text[at - 1].isspace():
+        at -= 1
+    if at > start and text[at - 1] == "}":
+        at -= 1
+        while at > start and text[at - 1].isspace():
+            at -= 1
+    return at
+
+
 def _written_arguments(block: str) -> str:
     """A streamed call's arguments as the block wrote them, its object's close left out."""
     start = arguments_at(block) or 0
-    arguments = block[start:]
-    return arguments[: _CLOSING.search(arguments).start()]  # type: ignore[union-attr]
+    return block[start : _ready_end(block, start, len(block))]
 
 
 class CallEvents(Protocol):
