@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .serve.args import add_serve_arguments
 
-    p = sub.add_parser("serve", help="serve the OpenAI API (chat, completions) on a model")
+    p = sub.add_parser("serve", help="serve the OpenAI and Anthropic APIs on a model")
     add_serve_arguments(p)
     return parser
 

@@ -127,12 +127,17 @@ def _endless_app() -> Starlette:
         return JSONResponse({"data": [{"id": "m"}]})
 
     async def chat(request: Request) -> Response:
-        async def forever() -> AsyncIterator[bytes]:
+        async def endless() -> AsyncIterator[bytes]:
+            # 64 MiB with no line end: "forever" to a client that keeps a line whole; the
+            # server stops there and when the client goes (a generator writing to a closed
+            # connection would spin for the rest of the test session)
             yield b"data: "
-            while True:
+            for _ in range(1024):
+                if await request.is_disconnected():
+                    return
                 yield b"x" * 65536
 
-        return StreamingResponse(forever(), media_type="text/event-stream")
+        return StreamingResponse(endless(), media_type="text/event-stream")
 
     return Starlette(
         routes=[

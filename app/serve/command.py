@@ -1,4 +1,5 @@
-"""`npuchat serve`: load a model and serve the OpenAI API on it until interrupted."""
+"""`npuchat serve`: load a model and serve the OpenAI and Anthropic APIs on it until
+interrupted."""
 
 from __future__ import annotations
 

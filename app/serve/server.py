@@ -2,7 +2,8 @@
 
 `create_app` wires the routes over any `ChatEngine`; `Server` runs uvicorn in a background
 thread (tests, the load benchmark) or in the foreground (`npuchat serve`). Errors anywhere in
-the app become OpenAI error objects: a traceback goes to the log, never to a client.
+the app become OpenAI error objects (Anthropic's on its API's paths): a traceback goes to the
+log, never to a client.
 """
 
 from __future__ import annotations
