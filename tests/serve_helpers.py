@@ -46,6 +46,7 @@ def serving(
             yield server, client
     finally:
         server.stop()
+    assert server.stopped, "the server thread outlived the test: something it runs never ends"
 
 
 def named_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

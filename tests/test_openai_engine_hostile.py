@@ -68,6 +68,7 @@ def serve() -> Iterator[object]:
     yield start
     for server in running:
         server.stop()
+        assert server.stopped
 
 
 @pytest.mark.parametrize("kind", sorted(STREAMS))
@@ -117,6 +118,7 @@ def test_a_line_that_never_ends_is_a_one_line_error() -> None:
         reader.join(10)
         engine.close()
         endless.stop()
+    assert endless.stopped, "the server is still streaming to a client that went away"
     assert finished, "the reply was still being read after 60 s"
     last = events[-1]
     assert isinstance(last, Failed) and "\n" not in last.message and "over" in last.message

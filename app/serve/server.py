@@ -225,6 +225,12 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the background thread has ended (a response that never ends keeps it, and
+        its CPU, past `stop`)."""
+        return self._thread is None or not self._thread.is_alive()
+
     def __enter__(self) -> Server:
         return self.start()
 
