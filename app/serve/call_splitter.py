@@ -301,12 +301,27 @@ def call_events(piece: Piece, events: CallEvents) -> list[bytes]:
     return events.call_end(piece.call)
 
 
-def primed_splitter(
-    names: frozenset[str], one: bool, prefix: str = "", stream_calls: bool = False
-) -> ToolCallSplitter | None:
-    """A splitter for a reply to a request offering the tools `names` (None: none offered,
-    the text streams as it comes) that was forced to start with `prefix`."""
-    return ToolCallSplitter(names, one, stream_calls, prefix) if names else None
+@dataclass(frozen=True)
+class CallReading:
+    """How one request's replies are read for tool calls (`Prepared.calls`): the offered
+    tools' names (none: the reply is all text), what the reply was forced to start with, at
+    most one call, and whether held calls stream as they are written."""
+
+    tools: frozenset[str] = frozenset()
+    prefix: str = ""
+    one: bool = False
+    stream: bool = False
+
+    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of a whole reply's text (`split_reply`)."""
+        text = self.prefix + text
+        return split_reply(text, self.tools, self.one, self.stream) if self.tools else (text, [])
+
+    def splitter(self) -> ToolCallSplitter | None:
+        """A splitter for the reply's stream (None: no tools, the text streams as it comes)."""
+        return (
+            ToolCallSplitter(self.tools, self.one, self.stream, self.prefix) if self.tools else None
+        )
 
 
 def stream_pieces(splitter: ToolCallSplitter | None, text: str, final: bool = False) -> list[Piece]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from npuchat.engine.events import Failed, Finished, MetricsUpdate, TokenDelta, ToolCall
 
-from .call_splitter import call_events, primed_splitter, split_reply, stream_pieces
+from .call_splitter import CallReading, call_events, stream_pieces
 from .metrics import prompt_tokens
 from .responses import Reply, recorded, sse
 from .schema import ApiError
@@ -79,10 +79,7 @@ class MessageShape:
     """The `message` object of one request."""
 
     model: str
-    tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
-    prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
-    one_call: bool = False  # at most one tool call (`Prepared.one_call`)
-    stream_calls: bool = False  # calls stream as they are written (`Prepared.stream_calls`)
+    calls: CallReading = field(default_factory=CallReading)  # `Prepared.calls`
     stops: tuple[str, ...] = ()  # the request's stop_sequences
     id: str = field(default_factory=lambda: "msg_" + secrets.token_hex(12))
 
@@ -112,12 +109,7 @@ class MessageShape:
         return "end_turn", None  # cancelled: what was written ends there
 
     def whole(self, reply: Reply) -> dict[str, Any]:
-        text = self.prefix + reply.text
-        content, calls = (
-            split_reply(text, self.tools, self.one_call, self.stream_calls)
-            if self.tools
-            else (text, [])
-        )
+        content, calls = self.calls.split(reply.text)
         blocks: list[dict[str, Any]] = [{"type": "text", "text": content}] if content else []
         for call in calls:
             arguments = _input(call)
@@ -201,7 +193,7 @@ async def message_events(
     """The events of one reply (`starts` holds one: the Messages API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape, reply)
-    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix, shape.stream_calls)
+    splitter = shape.calls.splitter()
 
     def pieces(text: str, final: bool = False) -> list[bytes]:
         out: list[bytes] = []

@@ -47,10 +47,7 @@ async def create(request: Request) -> Response:
     prepared = await asyncio.to_thread(_prepared, service, given)
     shape = MessageShape(
         service.model.id,
-        prepared.tools,
-        prepared.reply_prefix,
-        one_call=prepared.one_call,
-        stream_calls=prepared.stream_calls,
+        prepared.calls,
         stops=tuple(given.stop_sequences or ()),
     )
 

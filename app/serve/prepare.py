@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from npuchat.engine.events import ChatMessage, ChatRequest, Role, ToolCall, ToolSpec
 
+from .call_splitter import CallReading
 from .schema import (
     ApiError,
     ChatCompletionIn,
@@ -56,6 +57,11 @@ class Prepared:
         s = self.request.sampling
         held = s.grammar is not None or s.grammar_after is not None or s.grammar_if_starts
         return bool(self.tools) and bool(held)
+
+    @property
+    def calls(self) -> CallReading:
+        """How the replies are read for tool calls."""
+        return CallReading(self.tools, self.reply_prefix, self.one_call, self.stream_calls)
 
     def named(self, conversation_id: str) -> Prepared:
         return replace(self, request=replace(self.request, conversation_id=conversation_id))

@@ -28,7 +28,7 @@ from npuchat.engine.events import (
 )
 
 from . import metrics as figures
-from .call_splitter import split_reply
+from .call_splitter import CallReading
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "length": "length"}
 
@@ -164,10 +164,7 @@ class _Shape:
 class ChatShape(_Shape):
     """`chat.completion` and `chat.completion.chunk` objects."""
 
-    tools: frozenset[str] = frozenset()
-    prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
-    one_call: bool = False  # at most one tool call (`Prepared.one_call`)
-    stream_calls: bool = False  # calls stream as they are written (`Prepared.stream_calls`)
+    calls: CallReading = field(default_factory=CallReading)  # `Prepared.calls`
 
     def __post_init__(self) -> None:
         self.id = self.id or "chatcmpl-" + secrets.token_hex(12)
@@ -185,12 +182,7 @@ class ChatShape(_Shape):
         }
 
     def _choice(self, reply: Reply, index: int) -> dict[str, Any]:
-        text = self.prefix + reply.text
-        content, calls = (
-            split_reply(text, self.tools, self.one_call, self.stream_calls)
-            if self.tools
-            else (text, [])
-        )
+        content, calls = self.calls.split(reply.text)
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]

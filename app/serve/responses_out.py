@@ -20,7 +20,7 @@ from typing import Any
 
 from npuchat.engine.events import Failed, Finished, TokenDelta, TokenLogprob, ToolCall
 
-from .call_splitter import call_events, primed_splitter, split_reply, stream_pieces
+from .call_splitter import CallReading, call_events, stream_pieces
 from .responses import Reply, chat_logprobs, recorded, sse
 from .responses_in import ResponseIn
 from .schema import ChatCompletionIn
@@ -103,10 +103,7 @@ class ResponseShape:
 
     model: str
     echo: dict[str, Any]
-    tools: frozenset[str] = frozenset()  # offered tool names (their blocks become calls)
-    prefix: str = ""  # what the reply was forced to start with (`tool_choice`)
-    one_call: bool = False  # at most one tool call (`Prepared.one_call`)
-    stream_calls: bool = False  # calls stream as they are written (`Prepared.stream_calls`)
+    calls: CallReading = field(default_factory=CallReading)  # `Prepared.calls`
     logprobs: bool = False  # the request asked for them (`top_logprobs` or `include`)
     keep: Callable[[dict[str, Any]], None] | None = None  # `store`: where the answer is kept
     previous: str | None = None  # the kept response this one continues
@@ -146,12 +143,7 @@ class ResponseShape:
         return obj
 
     def whole(self, reply: Reply) -> dict[str, Any]:
-        text = self.prefix + reply.text
-        content, calls = (
-            split_reply(text, self.tools, self.one_call, self.stream_calls)
-            if self.tools
-            else (text, [])
-        )
+        content, calls = self.calls.split(reply.text)
         probs = _token_logprobs(reply.logprobs) if self.logprobs and not calls else None
         output = [_message(_id("msg"), content, "completed", probs)] if content else []
         output += [_call(_id("fc"), c) for c in calls]
@@ -268,7 +260,7 @@ async def response_events(
     """The events of one reply (`starts` holds one: the Responses API has no `n`)."""
     (first, rest), reply = starts[0], Reply()
     ev = _Events(shape)
-    splitter = primed_splitter(shape.tools, shape.one_call, shape.prefix, shape.stream_calls)
+    splitter = shape.calls.splitter()
     yield ev.response("response.created", shape.head("in_progress", []))
     yield ev.response("response.in_progress", shape.head("in_progress", []))
 

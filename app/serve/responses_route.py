@@ -62,10 +62,7 @@ async def create(request: Request) -> Response:
     shape = ResponseShape(
         service.model.id,
         echo(given, body),
-        prepared.tools,
-        prepared.reply_prefix,
-        one_call=prepared.one_call,
-        stream_calls=prepared.stream_calls,
+        prepared.calls,
         logprobs=wants_logprobs(given),
         keep=keep if given.store else None,
         previous=given.previous_response_id,

@@ -279,10 +279,7 @@ async def chat_completions(request: Request) -> Response:
     shape = ChatShape(
         service.model.id,
         logprobs=logprobs,
-        tools=prepared.tools,
-        prefix=prepared.reply_prefix,
-        one_call=prepared.one_call,
-        stream_calls=prepared.stream_calls,
+        calls=prepared.calls,
     )
 
     def stream(starts: list[Start], done: Callable[[list[Reply]], None]) -> AsyncIterator[bytes]:

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from npuchat.engine.events import Event, Failed, TokenDelta, TokenLogprob
 
-from .call_splitter import primed_splitter, stream_pieces
+from .call_splitter import stream_pieces
 from .responses import ChatShape, Reply, TextShape, recorded, sse
 from .schema import ApiError
 
@@ -109,9 +109,7 @@ class _ChatChoice:
 
     def __init__(self, shape: ChatShape, index: int) -> None:
         self.shape, self.index = shape, index
-        self.splitter = primed_splitter(
-            shape.tools, shape.one_call, shape.prefix, shape.stream_calls
-        )
+        self.splitter = shape.calls.splitter()
         self.calls = 0
         self.pending: list[TokenLogprob] = []
 
