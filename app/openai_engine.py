@@ -40,6 +40,8 @@ from npuchat.engine.events import (
 )
 from npuchat.engine.grammar import ANY_OBJECT
 
+from .remote_context import context_counts, dropped_notice, is_context_error, shortened
+
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0  # a long prefill on a slow server sends nothing for a while
 METRICS_INTERVAL_S = 0.1
@@ -88,13 +90,19 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error(response: httpx.Response) -> dict[str, Any]:
+    """The response's error object (OpenAI's `{"error": {...}}`), its message always set."""
     try:
         error = response.json().get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or response.text[:200] or response.reason_phrase)
+    except (ValueError, AttributeError, RecursionError):
+        error = None
+    fields = error if isinstance(error, dict) else {"message": error}
+    message = fields.get("message") or response.text[:200] or response.reason_phrase
+    return fields | {"message": str(message)}
+
+
+def _error_message(response: httpx.Response) -> str:
+    return str(_error(response)["message"])
 
 
 def _kind(status: int) -> FailureKind:
@@ -226,15 +234,27 @@ class OpenAIEngine:
         return "/chat/completions", body
 
     def generate(self, request: ChatRequest, cancel: threading.Event) -> Iterator[Event]:
-        path, body = self._body(request)
         t_request = time.perf_counter()
+        asked = request
         try:
-            with self._client.stream("POST", path, json=body) as response:
-                if response.status_code != 200:
+            while not cancel.is_set():
+                path, body = self._body(asked)
+                with self._client.stream("POST", path, json=body) as response:
+                    if response.status_code == 200:
+                        if asked is not request:
+                            yield dropped_notice(request, asked)
+                        yield from _Reply(self, response, cancel, t_request).events()
+                        return
                     response.read()
-                    yield Failed(_error_message(response), _kind(response.status_code))
-                    return
-                yield from _Reply(self, response, cancel, t_request).events()
+                    error = _error(response)
+                    fitted = None
+                    if response.status_code == 400 and is_context_error(error):
+                        fitted = shortened(asked, context_counts(error))
+                    if fitted is None:  # some other error, or no turn left to drop
+                        yield Failed(str(error["message"]), _kind(response.status_code))
+                        return
+                    asked = fitted  # the oldest turns dropped (remote_context): ask again
+            yield Cancelled(Metrics(model=self.served.id, device=self.device))
         except (httpx.HTTPError, httpx.StreamError) as exc:
             if cancel.is_set():
                 yield Cancelled(Metrics(model=self.served.id, device=self.device))

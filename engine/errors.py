@@ -33,5 +33,16 @@ class InvalidRequestError(NpuchatError):
     caller's to fix, reported as `Failed(kind="invalid")`."""
 
 
+class PromptTooLongError(InvalidRequestError):
+    """A prompt that leaves the context no room for a reply. It carries the two counts, so a
+    server can say it in its API's own words (OpenAI's `context_length_exceeded`, Anthropic's
+    "prompt is too long"), on which clients act (trim the history, compact it)."""
+
+    def __init__(self, message: str, prompt_tokens: int, context: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.context = context
+
+
 class RequestCancelled(NpuchatError):
     """A request's cancel event was set while it waited for, or ran, a model step."""

@@ -107,6 +107,9 @@ class ChatRequest:
     """Text the reply starts with, written by the front end rather than the user (special
     tokens in it are parsed): the model continues after it. `npuchat serve` forces a tool call
     this way; the prefix is not streamed back."""
+    drop_turns: bool = True
+    """Drop the oldest turns when the conversation does not fit (the app's conversations);
+    false: fail with `Failed.too_long` instead, so an API's client decides what to cut."""
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,8 @@ class Cancelled:
 class Failed:
     message: str
     kind: FailureKind = "error"
+    too_long: tuple[int, int] | None = None
+    """Set when the prompt does not fit (kind "invalid"): its tokens and the context's."""
 
 
 Event = TokenDelta | MetricsUpdate | Notice | Finished | Cancelled | Failed

@@ -12,16 +12,23 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from .chat_template import ChatTemplate, template_messages, template_tools
-from .errors import InvalidRequestError
+from .errors import PromptTooLongError
 from .events import ChatMessage, ChatRequest, ToolSpec
 from .prefix_store import common_prefix_len
 from .tokenizer import Tokenizer
 
-__all__ = ["SYSTEM_CACHE_SIZE", "PromptBuilder"]
+__all__ = ["SYSTEM_CACHE_SIZE", "PromptBuilder", "without_oldest_turn"]
 
 SYSTEM_CACHE_SIZE = 32
 """System prompts whose token prefix is remembered (each a short list of ids)."""
 _PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
+
+
+def without_oldest_turn(messages: Seq[ChatMessage]) -> list[ChatMessage] | None:
+    """The conversation without its oldest turn (one user message and the replies after it),
+    or None when only the last user message is left: that one always stays."""
+    firsts = [i for i, m in enumerate(messages) if m.role == "user"]
+    return list(messages[firsts[1] :]) if len(firsts) >= 2 else None
 
 
 class PromptBuilder:
@@ -72,7 +79,8 @@ class PromptBuilder:
         """Prompt ids that leave room for a reply, dropping the oldest turns if needed.
 
         Returns (ids, dropped turn count). The reply budget is max_tokens, capped at a quarter
-        of the context so that a long conversation still gets a useful reply budget.
+        of the context so that a long conversation still gets a useful reply budget. A request
+        that may not drop turns (`drop_turns` false) fails only when no reply token fits.
         """
         reserve = max(1, min(request.sampling.max_tokens, cap // 4))
         messages = list(request.messages)
@@ -84,17 +92,19 @@ class PromptBuilder:
             return self.ids(system, messages, tools, cont) + forced
 
         ids = ids_of(messages)
-        while len(ids) + reserve > cap:
-            # a turn = one user message and the replies after it; the last user message stays
-            firsts = [i for i, m in enumerate(messages) if m.role == "user"]
-            if len(firsts) < 2:
+        while request.drop_turns and len(ids) + reserve > cap:
+            shorter = without_oldest_turn(messages)
+            if shorter is None:
                 break
-            messages = messages[firsts[1] :]
+            messages = shorter
             dropped += 1
             ids = ids_of(messages)
         if len(ids) >= cap:
-            raise InvalidRequestError(
-                f"the message is too long: the prompt is {len(ids)} tokens and {self._name} "
-                f"holds {cap}; shorten it or start a new conversation"
+            what = "message" if len(messages) == 1 or request.drop_turns else "conversation"
+            raise PromptTooLongError(
+                f"the {what} is too long: the prompt is {len(ids)} tokens and {self._name} "
+                f"holds {cap}; shorten it or start a new conversation",
+                len(ids),
+                cap,
             )
         return ids, dropped

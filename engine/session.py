@@ -23,7 +23,7 @@ from .chat_template import ChatTemplate
 from .cost_memory import recall_or_measure
 from .cpu_info import machine_identity
 from .drafters import Drafter
-from .errors import InvalidRequestError, NpuchatError, RequestCancelled
+from .errors import InvalidRequestError, NpuchatError, PromptTooLongError, RequestCancelled
 from .events import (
     Cancelled,
     ChatMessage,
@@ -305,6 +305,8 @@ class ChatSession:
             )
         except RequestCancelled:
             yield Cancelled(Metrics(model=self._name, device=self._device))
+        except PromptTooLongError as exc:
+            yield Failed(str(exc), "invalid", too_long=(exc.prompt_tokens, exc.context))
         except NpuchatError as exc:
             yield Failed(str(exc), "invalid" if isinstance(exc, InvalidRequestError) else "error")
         except Exception as exc:  # a bug: keep the traceback in the log, not on screen
@@ -349,9 +351,11 @@ class ChatSession:
             assert sampling is not None
             params, system, ids = sampling, None, request
             if len(ids) >= self.model.max_capacity:  # a chat's turns are fitted instead
-                raise InvalidRequestError(
+                raise PromptTooLongError(
                     f"the prompt is {len(ids)} tokens and {self._name} holds "
-                    f"{self.model.max_capacity}; shorten it"
+                    f"{self.model.max_capacity}; shorten it",
+                    len(ids),
+                    self.model.max_capacity,
                 )
         shape = constraint_for(self.tokenizer, params.json_schema, params.grammar)
         lazy, starts = later_constraints(self.tokenizer, params) if shape is None else (None, [])

@@ -170,7 +170,11 @@ def test_tools_are_rendered_into_the_prompt(session: ChatSession, client: openai
 
 
 def test_prompt_longer_than_the_context_is_a_400(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="too long"):
+    with pytest.raises(openai.BadRequestError, match="your messages resulted in") as chat:
         client.chat.completions.create(
             model=NAME, messages=_messages("hello world " * 1000), max_tokens=4
         )
+    with pytest.raises(openai.BadRequestError, match="your prompt resulted in") as completion:
+        client.completions.create(model=NAME, prompt="hello world " * 1000, max_tokens=4)
+    assert chat.value.code == completion.value.code == "context_length_exceeded"
+    assert (chat.value.param, completion.value.param) == ("messages", "prompt")

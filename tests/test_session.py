@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +220,16 @@ def test_context_policy_drops_oldest_turns(model_path: Path, cache_dir: Path) ->
     too_long = _run(s, _req("", ("user", " ".join(["hello world"] * 80))))
     assert isinstance(too_long[-1], Failed) and "too long" in too_long[-1].message
     assert len(too_long[-1].message.splitlines()) == 1
+    long_prompt = s.prompt_ids("", [ChatMessage("user", " ".join(["hello world"] * 80))])
+    assert too_long[-1].too_long == (len(long_prompt), 64)
+
+    # a request that may not drop turns (a server's) fails with the counts instead
+    kept = _req("Be brief.", *long_turns, ("user", "return 42"))
+    strict = _run(s, replace(kept, drop_turns=False))
+    whole = s.prompt_ids("Be brief.", list(kept.messages))
+    assert [type(e) for e in strict] == [Failed] and len(whole) > 64
+    assert strict[0].too_long == (len(whole), 64) and strict[0].kind == "invalid"
+    assert "conversation is too long" in strict[0].message
 
     fill = _run(s, _req("", ("user", "x"), sampling=SamplingParams(temperature=0, max_tokens=500)))
     final = fill[-1]

@@ -177,7 +177,9 @@ def _continues(body: ChatCompletionIn, turns: tuple[ChatMessage, ...], forced: s
     return True
 
 
-def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
+def prepare_chat(body: ChatCompletionIn, context_length: int, drop_turns: bool = False) -> Prepared:
+    """The request as the engine's. A conversation that does not fit fails with the APIs'
+    context error unless `drop_turns` (the Responses API's `truncation: "auto"`)."""
     system, turns = _messages(body)
     tools, forced, grammar = _tools(body)
     continue_reply = _continues(body, turns, forced)
@@ -209,6 +211,7 @@ def prepare_chat(body: ChatCompletionIn, context_length: int) -> Prepared:
         tools=tools,
         continue_reply=continue_reply,
         reply_prefix=forced,
+        drop_turns=drop_turns,
     )
     names = frozenset(t.name for t in tools)
     prepared = Prepared(request, body.stream, body.include_usage, names, forced, one_call=one_call)
@@ -230,6 +233,7 @@ def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
         sampling=body.sampling(max_tokens, context_length),
         priority=body.priority,
         raw_prompt=body.text(),
+        drop_turns=False,
     )
     echo = body.text() if body.echo else ""
     prepared = Prepared(request, body.stream, body.include_usage, frozenset(), echo=echo)

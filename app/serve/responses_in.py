@@ -16,7 +16,7 @@ built-in tools).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from .schema import ApiError, RequestModel
 
@@ -42,6 +42,7 @@ class ResponseIn(RequestModel):
     include: list[str] | None = None  # only "message.output_text.logprobs" adds anything here
     conversation: str | dict[str, Any] | None = None
     background: bool = False
+    truncation: Literal["auto", "disabled"] | None = None  # "auto": drop the oldest turns to fit
     priority: str | None = None  # npuchat's extension, as for chat completions
     conversation_id: str | None = None  # npuchat's extension
 

@@ -42,6 +42,7 @@ def echo(given: ResponseIn, chat: ChatCompletionIn) -> dict[str, Any]:
         "max_output_tokens": given.max_output_tokens,
         "top_logprobs": given.top_logprobs,
         "text": {"format": fmt},
+        "truncation": given.truncation or "disabled",
     }
 
 

@@ -51,7 +51,9 @@ async def create(request: Request) -> Response:
     turns = history(given, _before(service, given))
     try:
         body: ChatCompletionIn = parse(ChatCompletionIn, as_chat(given, turns))
-        prepared = await asyncio.to_thread(prepare_chat, body, service.model.context_length)
+        context = service.model.context_length
+        drop = given.truncation == "auto"
+        prepared = await asyncio.to_thread(prepare_chat, body, context, drop)
     except ApiError as exc:
         raise renamed(exc) from None
     prepared = prepared.named(conversation_key(body.conversation_id, prepared))

@@ -73,7 +73,25 @@ def busy_error(retry_after_s: int, message: str) -> ApiError:
     return ApiError(429, message, type="rate_limit_error", code=str(retry_after_s))
 
 
-def failed_error(event: Failed, service: Service) -> ApiError:
+def too_long_error(prompt_tokens: int, context: int, raw: bool = False) -> ApiError:
+    """A prompt that does not fit, in OpenAI's words and code (vLLM's too) and Anthropic's:
+    clients trim or compact the history on these, so they are kept as the APIs say them.
+    `raw`: a completion's prompt rather than a chat's messages."""
+    what = "prompt" if raw else "messages"
+    return ApiError(
+        400,
+        f"This model's maximum context length is {context} tokens. However, your {what} "
+        f"resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.",
+        param=what,
+        code="context_length_exceeded",
+        anthropic_message=f"prompt is too long: {prompt_tokens} tokens > {context} maximum",
+    )
+
+
+def failed_error(event: Failed, service: Service, raw: bool = False) -> ApiError:
+    """The engine's refusal as the API's error (`raw`: of a completion's prompt)."""
+    if event.too_long is not None:
+        return too_long_error(*event.too_long, raw=raw)
     if event.kind == "busy":
         return busy_error(service.admission.retry_after(), event.message)
     if event.kind == "invalid":
@@ -151,7 +169,7 @@ async def _start(service: Service, request: ChatRequest, cancel: threading.Event
     first = await anext(events)
     if isinstance(first, Failed):
         await events.aclose()  # type: ignore[attr-defined]
-        raise failed_error(first, service)
+        raise failed_error(first, service, request.raw_prompt is not None)
     return first, events
 
 
@@ -229,7 +247,7 @@ async def run_reply(
         if not got or first is None:
             return Response(status_code=499)
         if isinstance(first, Failed):
-            raise failed_error(first, service)
+            raise failed_error(first, service, prepared.request.raw_prompt is not None)
 
         def done(reply: Reply) -> None:
             service.metrics.record_reply(reply.metrics, reply.completion_tokens)

@@ -40,6 +40,7 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        anthropic_message: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -47,6 +48,7 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.anthropic_message = anthropic_message  # where Anthropic words it differently
 
     def body(self) -> dict[str, Any]:
         return {
@@ -64,6 +66,8 @@ class ApiError(Exception):
         kind = _ANTHROPIC_TYPES.get(self.status)
         if kind is None:
             kind = "invalid_request_error" if self.status < 500 else "api_error"
+        if self.anthropic_message is not None:
+            return {"type": "error", "error": {"type": kind, "message": self.anthropic_message}}
         message = self.message
         if self.param and not message.startswith(self.param.split(".")[0]):
             message = f"{self.param}: {message}"
