@@ -20,6 +20,7 @@ from npuchat.engine.errors import NpuchatError
 
 from .cli_args import (
     add_bench_arguments,
+    add_context_argument,
     add_doctor_arguments,
     add_kv_dtype_argument,
     add_run_arguments,
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", help="draft model for speculative decoding: NAME, none, lookup")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="where the model runs")
     add_kv_dtype_argument(parser, "kv_dtype")
+    add_context_argument(parser, "context")
     parser.add_argument("--server", help="chat with an OpenAI-compatible server at this URL")
     key = parser.add_mutually_exclusive_group()
     key.add_argument(

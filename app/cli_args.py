@@ -12,7 +12,7 @@ from pathlib import Path
 
 from npuchat.engine.bench_suites import SUITES
 from npuchat.engine.devices import DEVICE_CHOICES, DEVICES
-from npuchat.engine.kv_layout import KV_CHOICES
+from npuchat.engine.kv_layout import DEFAULT_CONTEXT, KV_CHOICES, MAX_CONTEXT, MIN_CONTEXT
 
 
 def add_kv_dtype_argument(p: argparse.ArgumentParser, dest: str) -> None:
@@ -23,6 +23,29 @@ def add_kv_dtype_argument(p: argparse.ArgumentParser, dest: str) -> None:
         help="how the KV cache stores K/V on the CPU: auto (f16 where the native kernels run, "
         "else f32), f32, f16 (half) or int8 (about a quarter of the memory) (default: from "
         "settings, auto)",
+    )
+
+
+def context_tokens(text: str) -> int:
+    """`--context N`: a whole number of tokens in the range a model can hold."""
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens") from None
+    if not MIN_CONTEXT <= value <= MAX_CONTEXT:
+        raise argparse.ArgumentTypeError(f"give {MIN_CONTEXT} to {MAX_CONTEXT} tokens")
+    return value
+
+
+def add_context_argument(p: argparse.ArgumentParser, dest: str) -> None:
+    p.add_argument(
+        "--context",
+        dest=dest,
+        type=context_tokens,
+        metavar="N",
+        help=f"the most tokens a conversation may hold, up to the model's trained context "
+        f"(default: from settings, else the model's up to {DEFAULT_CONTEXT}); the KV cache "
+        "grows to it as a conversation fills",
     )
 
 
@@ -86,6 +109,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", dest="run_device", choices=DEVICE_CHOICES)
     add_kv_dtype_argument(p, "run_kv_dtype")
+    add_context_argument(p, "run_context")
 
 
 def add_doctor_arguments(p: argparse.ArgumentParser) -> None:

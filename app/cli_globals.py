@@ -19,6 +19,7 @@ GLOBAL_FLAGS = {
     "draft": "--draft",
     "device": "--device",
     "kv_dtype": "--kv-dtype",
+    "context": "--context",
     "server": "--server",
     "server_api_key": "--api-key",
     "server_api_key_file": "--api-key-file",
@@ -31,6 +32,7 @@ COMMAND_DESTS: dict[str, dict[str, str]] = {
         "draft": "run_draft",
         "device": "run_device",
         "kv_dtype": "run_kv_dtype",
+        "context": "run_context",
     },
     "bench": {
         "model": "bench_model",
@@ -43,6 +45,7 @@ COMMAND_DESTS: dict[str, dict[str, str]] = {
         "draft": "serve_draft",
         "device": "serve_device",
         "kv_dtype": "serve_kv_dtype",
+        "context": "serve_context",
     },
     # doctor's --device names the device to report on (default npu), not where a model runs
     "doctor": {"model": "doctor_model"},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from npuchat.engine.catalog import Catalog
@@ -28,3 +28,8 @@ class AppContext:
             config=config,
             catalog=Catalog.load(paths, config.get("models")),
         )
+
+    def with_settings(self, **given: Any) -> AppContext:
+        """This context with the settings a command line gave (None: not given, the file's)."""
+        changed = {name: value for name, value in given.items() if value is not None}
+        return replace(self, settings=replace(self.settings, **changed)) if changed else self

@@ -143,6 +143,7 @@ def open_engine(
         options=SessionOptions(keep_warm_s=keep_warm_s),
         batch_max=batch_max,
         kv_dtype=ctx.settings.kv_dtype,
+        context=ctx.settings.context or None,
     )
     try:
         drafters = load_drafters(ctx, spec.model, session.model, spec.draft, report, pull_progress)

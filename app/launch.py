@@ -24,8 +24,8 @@ def launch_app(args: argparse.Namespace, console: Console) -> int:
     from .tui.app import run_app
 
     ctx = AppContext.load()
-    if args.kv_dtype:  # read by the loader, which builds the engine from `ctx`
-        ctx = replace(ctx, settings=replace(ctx.settings, kv_dtype=args.kv_dtype))
+    # read by the loader, which builds the engine from `ctx`
+    ctx = ctx.with_settings(kv_dtype=args.kv_dtype, context=args.context)
     settings = replace(
         ctx.settings,
         model=args.model or ctx.settings.model,

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -162,8 +162,7 @@ def cmd_run(ctx: AppContext, args: argparse.Namespace) -> int:
                 for m in store.messages(conversation.id)
                 if m.role in ("user", "assistant") and m.status != "error"
             ]
-    if args.run_kv_dtype:
-        ctx = replace(ctx, settings=replace(ctx.settings, kv_dtype=args.run_kv_dtype))
+    ctx = ctx.with_settings(kv_dtype=args.run_kv_dtype, context=args.run_context)
     engine = open_concurrent_engine(
         ctx,
         EngineSpec(model, ctx.settings.draft if args.run_draft is None else args.run_draft, device),

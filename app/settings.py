@@ -20,7 +20,7 @@ import tomlkit.exceptions
 
 from npuchat.engine.devices import DEVICE_CHOICES
 from npuchat.engine.errors import NpuchatError
-from npuchat.engine.kv_layout import KV_AUTO, KV_CHOICES
+from npuchat.engine.kv_layout import DEFAULT_CONTEXT, KV_AUTO, KV_CHOICES, MAX_CONTEXT, MIN_CONTEXT
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b"
 
@@ -33,7 +33,9 @@ class Settings:
     so it can only help), "default" (the catalog's draft model plus lookup), a model name, or
     empty / "none" for plain decoding. `kv_dtype`: how the KV cache stores K/V on the CPU:
     "auto" (f16 where the native kernels run, else f32), "f32", "f16" (half the memory) or
-    "int8" (about a quarter; `engine/kv_layout.py`).
+    "int8" (about a quarter; `engine/kv_layout.py`). `context`: the most tokens a conversation
+    may hold, 0 for the model's trained context up to 8,192 (the KV cache grows to it as a
+    conversation fills, a few hundred MiB a slot at 32k on the 0.5B model).
     """
 
     model: str = DEFAULT_MODEL
@@ -49,6 +51,7 @@ class Settings:
     soc_model: int = 60
     htp_arch: int = 73
     kv_dtype: str = KV_AUTO
+    context: int = 0
 
     def validate(self, source: str) -> None:
         for name in ("device", "draft_device"):
@@ -60,6 +63,11 @@ class Settings:
         if self.kv_dtype not in KV_CHOICES:
             raise NpuchatError(
                 f"{source}: kv_dtype = {self.kv_dtype!r} is not one of {', '.join(KV_CHOICES)}"
+            )
+        if self.context != 0 and not MIN_CONTEXT <= self.context <= MAX_CONTEXT:
+            raise NpuchatError(
+                f"{source}: context must be 0 (the model's, up to {DEFAULT_CONTEXT}) or "
+                f"{MIN_CONTEXT} to {MAX_CONTEXT} tokens"
             )
         if not 0 <= self.threads <= 1024:
             raise NpuchatError(f"{source}: threads must be 0 (auto) or a number up to 1024")

@@ -55,7 +55,7 @@ def load_draft_model(
         cache_dir=cache_dir,
         device=device or target.device,
         threads=threads,
-        capacities=default_capacities(context),
+        capacities=default_capacities(context, context),  # as far as the target's cache
         progress=progress,
         npu_options=npu_options,
     )

@@ -43,9 +43,12 @@ import numpy as np
 from .errors import NpuchatError
 
 __all__ = [
+    "DEFAULT_CONTEXT",
     "KV_AUTO",
     "KV_CHOICES",
     "KV_DTYPES",
+    "MAX_CONTEXT",
+    "MIN_CONTEXT",
     "KVSnapshot",
     "attention_window",
     "bytes_per_token",
@@ -162,14 +165,22 @@ class KVSnapshot:
         return cls(parts[0].start, k, v, *scales, ring_from=max(missing, default=0))
 
 
-def default_capacities(context_length: int, limit: int = 8192) -> list[int]:
-    """KV capacity variants up to the model's context (at most `limit`).
+DEFAULT_CONTEXT = 8192
+"""The largest KV capacity when the user asks for none: a model's trained context (32,768 for
+Qwen2.5) costs memory as the cache fills; `--context` / the `context` setting raise it."""
+MIN_CONTEXT = 256  # the smallest capacity variant
+MAX_CONTEXT = 1 << 20  # beyond any model here; a bound on what a config file can ask for
+
+
+def default_capacities(context_length: int, limit: int | None = None) -> list[int]:
+    """KV capacity variants up to the model's context (at most `limit`, default
+    `DEFAULT_CONTEXT`).
 
     Every decode step reads the whole `[C]` cache (masked), so the waste is the gap between the
     fill level and C: steps of 256 up to 2048 and of 1024 beyond keep it ≤ 25%. On the CPU a
     variant costs nothing but the one copy when the cache moves to it (one symbolic graph).
     """
-    top = max(1, min(context_length, limit))
+    top = max(1, min(context_length, DEFAULT_CONTEXT if limit is None else limit))
     steps = [*range(256, 2048, 256), *range(2048, top, 1024)]
     return [*(c for c in steps if c < top), top]
 

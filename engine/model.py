@@ -29,7 +29,7 @@ from .custom_ops import kernels_for
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .kv_layout import attention_window, default_capacities, resolve_kv_dtype
+from .kv_layout import MIN_CONTEXT, attention_window, default_capacities, resolve_kv_dtype
 from .kvcache import KVCache, KVSnapshot
 from .layer_inputs import rope_tables
 from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
@@ -81,6 +81,7 @@ class Model:
         npu_options: QnnOptions | None = None,
         batch_max: int = 1,
         kv_dtype: str = "f32",
+        context: int | None = None,
     ) -> Model:
         """Open `gguf_path`, build (or reuse from `cache_dir`) its graphs and start a session.
 
@@ -91,6 +92,9 @@ class Model:
         rows of its one step graph (`npu_compile.NPU_STEP_ROWS`: every step pays for them).
         `kv_dtype`: how the cache stores K/V, "auto", "f32", "f16" or "int8" (the NPU's static
         graph reads f32 or int8; `kv_layout.resolve_kv_dtype`).
+        `context`: the most tokens the cache may grow to when `capacities` are not given (None:
+        the model's trained context, at most `DEFAULT_CONTEXT`); more than the model was
+        trained for is refused.
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
@@ -106,7 +110,7 @@ class Model:
         self.prefill_chunk, self.verify_k = int(prefill_chunk), int(verify_k)
         self._gguf = GGUFFile(self.path)
         try:
-            opts = (capacities, threads, report, accuracy_level, npu_options, kv_dtype)
+            opts = (capacities, threads, report, accuracy_level, npu_options, kv_dtype, context)
             self._open(Path(cache_dir), *opts)
         except BaseException:
             self.close()
@@ -122,6 +126,7 @@ class Model:
         accuracy_level: int,
         npu_options: QnnOptions | None,
         kv_dtype: str,
+        asked: int | None,
     ) -> None:
         assert self._gguf is not None
         self.config = cfg = self._gguf.config
@@ -132,9 +137,15 @@ class Model:
         if cfg.swa_layers:
             window = 0
         context = min(cfg.context_length, window) if window > 0 else cfg.context_length
-        caps = list(capacities) if capacities else default_capacities(context)
+        if asked is not None and not MIN_CONTEXT <= asked <= context:
+            raise NpuchatError(
+                f"a context of {asked} tokens: {cfg.name} holds {MIN_CONTEXT} to {context}; "
+                f"give a number in that range"
+            )
+        caps = list(capacities) if capacities else default_capacities(context, asked)
         if device == "npu":  # one static capacity: each costs a compiled binary per graph
-            caps = [max(capacities) if capacities else default_npu_capacity(context)]
+            npu_cap = asked or default_npu_capacity(context)
+            caps = [max(capacities) if capacities else npu_cap]
         if max(caps) > context:
             raise NpuchatError(f"KV capacity {max(caps)} exceeds {cfg.name}'s context of {context}")
         steps = max(self.prefill_chunk, self.verify_k + 1)  # the most rows one run writes

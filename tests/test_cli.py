@@ -93,6 +93,9 @@ def test_bad_config_is_one_line_error(
     cfg.write_text("model = [\n")
     assert main(["models"]) == 2
     assert "is not valid TOML" in capsys.readouterr().err
+    cfg.write_text("context = 100\n")
+    assert main(["models"]) == 2
+    assert "context must be 0 (the model's, up to 8192) or 256 to" in capsys.readouterr().err
 
 
 def test_doctor_on_the_cpu_loads_the_graph(

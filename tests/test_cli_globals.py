@@ -28,6 +28,34 @@ def _reply(out: str) -> tuple[list[int], dict]:
     return [r["id"] for r in rows[:-1]], rows[-1]
 
 
+def test_context_reaches_run_and_caps_its_cache(
+    syn: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompt = ["-p", "the fox", "-n", "3", "-t", "0", "--json", "--draft", "none"]
+    assert main(["--model", "syn", "--context", "300", "run", *prompt]) == 0
+    _, last = _reply(capsys.readouterr().out)
+    assert last["metrics"]["kv_max_capacity"] == 300
+    assert main(["run", "--model", "syn", "--context", "100000", *prompt]) == 2
+    err = capsys.readouterr().err
+    assert "a context of 100000 tokens" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "--context", "lots"], "'lots' is not a number of tokens"),
+        (["run", "--context", "100", "-p", "x"], "give 256 to 1048576 tokens"),
+    ],
+)
+def test_a_context_that_is_no_number_of_tokens_is_refused(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
 def test_options_before_run_reach_it(
     syn: Path, no_default_model: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -66,6 +94,7 @@ def test_a_model_before_the_command_is_the_one_it_loads(
         (["--device", "cpu", "doctor"], "put it after `doctor`, where it names the device"),
         (["--server", "http://127.0.0.1:1", "run", "-p", "x"], "--server before `run`"),
         (["--kv-dtype", "f16", "pull", "x"], "--kv-dtype before `pull`"),
+        (["--context", "4096", "bench"], "--context before `bench`"),
         (["--api-key", "k", "serve"], "`npuchat serve --api-key KEY` sets the key clients"),
     ],
 )

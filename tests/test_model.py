@@ -157,6 +157,24 @@ def test_default_capacities() -> None:
     assert default_capacities(2048) == [256, 512, 768, 1024, 1280, 1536, 1792, 2048]
     assert default_capacities(300) == [256, 300]
     assert default_capacities(100) == [100]
+    assert default_capacities(32768, 16384)[-3:] == [14336, 15360, 16384]  # `--context 16384`
+    assert default_capacities(32768, 1000)[-2:] == [768, 1000]
+
+
+def test_context_sets_how_far_the_cache_may_grow(synthetic_gguf, tmp_path: Path) -> None:
+    """The cache grows to 8,192 tokens by default, to what `context` asks up to the model's
+    trained context, and a context beyond that is a one-line error."""
+    path = synthetic_gguf("llama", "q8_0", context_length=16384)
+    with Model.load(path, cache_dir=tmp_path) as m:
+        assert m.max_capacity == 8192
+    with Model.load(path, cache_dir=tmp_path, context=12000) as m:
+        assert m.max_capacity == 12000
+    with Model.load(path, cache_dir=tmp_path, context=300) as m:
+        assert m.max_capacity == 300
+    for asked in (16385, 100):
+        with pytest.raises(NpuchatError, match="holds 256 to 16384") as refused:
+            Model.load(path, cache_dir=tmp_path, context=asked)
+        assert len(str(refused.value).splitlines()) == 1
 
 
 def test_engine_graphs_match_reference_after_rope_permutation(

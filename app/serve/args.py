@@ -7,7 +7,7 @@ import argparse
 
 from npuchat.engine.devices import DEVICE_CHOICES
 
-from ..cli_args import add_kv_dtype_argument
+from ..cli_args import add_context_argument, add_kv_dtype_argument
 
 DEFAULT_MAX_QUEUE = 16
 
@@ -19,6 +19,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", dest="serve_device", choices=DEVICE_CHOICES)
     add_kv_dtype_argument(p, "serve_kv_dtype")
+    add_context_argument(p, "serve_context")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     key = p.add_mutually_exclusive_group()

@@ -8,7 +8,6 @@ import errno
 import socket
 import sys
 import threading
-from dataclasses import replace
 
 from rich.console import Console
 
@@ -50,8 +49,7 @@ def cmd_serve(ctx: AppContext, args: argparse.Namespace) -> int:
     device = args.serve_device or ctx.settings.device
     ctx.catalog.get(model)
     check_draft(draft)
-    if args.serve_kv_dtype:
-        ctx = replace(ctx, settings=replace(ctx.settings, kv_dtype=args.serve_kv_dtype))
+    ctx = ctx.with_settings(kv_dtype=args.serve_kv_dtype, context=args.serve_context)
     pick_device(device)
     err = Console(stderr=True)
     engine = open_concurrent_engine(
