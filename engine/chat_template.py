@@ -36,6 +36,7 @@ Message = Mapping[str, Any]
 MAX_SOURCE_CHARS = 1 << 20
 _PROBE_USER = "npuchat-probe-user-4b1d"
 _PROBE_REPLY = "npuchat-probe-reply-9e2c"
+_PROBE_SYSTEM = "npuchat-probe-system-7a3f"
 # A tag-like special token right after the assistant's text: <|im_end|>, <|end|>, </s>, ...
 _END_MARKER = re.compile(r"\s*(<[^\s<>]{1,40}>)")
 
@@ -237,6 +238,28 @@ class ChatTemplate:
                     f"using the {name} format"
                 )
         self.end_marker = self._infer_end_marker()
+        self._late_system: bool | None = None
+
+    def keeps_late_system(self) -> bool:
+        """Whether a system message after the conversation began is rendered (Qwen's and
+        ChatML's templates do; Gemma's takes only alternating user and assistant turns and
+        raises), so the prompt builder can fold one into a user turn where it would not be."""
+        if self._late_system is None:
+            probe = [  # between two turns: Gemma's check of the roles' order sees it there
+                {"role": "user", "content": _PROBE_USER},
+                {"role": "assistant", "content": _PROBE_REPLY},
+                {"role": "system", "content": _PROBE_SYSTEM},
+                {"role": "user", "content": _PROBE_USER},
+            ]
+            try:
+                if self._template is not None and self.warning is None:
+                    text = self._render_template(probe, True)
+                else:
+                    text = self._fallback(probe, True)
+            except (Exception, TemplateLimitError):
+                text = ""
+            self._late_system = _PROBE_SYSTEM in text
+        return self._late_system
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], arch: str | None = None) -> ChatTemplate:

@@ -10,6 +10,7 @@ start with (the part worth keeping in the prefix store).
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 
 from .chat_template import ChatTemplate, template_messages, template_tools
 from .errors import PromptTooLongError
@@ -17,11 +18,35 @@ from .events import ChatMessage, ChatRequest, ToolSpec
 from .prefix_store import common_prefix_len
 from .tokenizer import Tokenizer
 
-__all__ = ["SYSTEM_CACHE_SIZE", "PromptBuilder", "without_oldest_turn"]
+__all__ = ["SYSTEM_CACHE_SIZE", "PromptBuilder", "folded_system", "without_oldest_turn"]
 
 SYSTEM_CACHE_SIZE = 32
 """System prompts whose token prefix is remembered (each a short list of ids)."""
 _PROBE_A, _PROBE_B = "\x01a", "\x02b"  # two user messages that share no token
+
+
+def folded_system(messages: Seq[ChatMessage]) -> list[ChatMessage]:
+    """System messages inside a conversation as text of a user turn, for templates that render
+    none there: each goes before the next user message, or, after the last one, at the end of
+    it (Claude Code's environment note follows its question). Where the conversation has no
+    user message, they stay as they are."""
+    out: list[ChatMessage] = []
+    waiting: list[str] = []
+    for m in messages:
+        if m.role == "system":
+            waiting.append(m.content)
+            continue
+        if m.role == "user" and waiting:
+            m = replace(m, content="\n\n".join([*waiting, m.content]))
+            waiting = []
+        out.append(m)
+    users = [i for i, m in enumerate(out) if m.role == "user"]
+    if waiting and users:
+        last = out[users[-1]]
+        out[users[-1]] = replace(last, content="\n\n".join([last.content, *waiting]))
+    elif waiting:
+        out += [ChatMessage("system", text) for text in waiting]
+    return out
 
 
 def without_oldest_turn(messages: Seq[ChatMessage]) -> list[ChatMessage] | None:
@@ -54,6 +79,8 @@ class PromptBuilder:
             # the reply's own text after the assistant header: its KV is mostly still cached
             head = self.ids(system, messages[:-1], tools)
             return head + self.tokenizer.encode(messages[-1].content)
+        if not self.template.keeps_late_system() and any(m.role == "system" for m in messages):
+            messages = folded_system(messages)
         pieces = self.template.render_pieces(
             template_messages(system, messages), True, template_tools(tools)
         )

@@ -14,10 +14,12 @@ from real_models import REFERENCE_DIR
 from synthetic_vocab import PHI3_CHAT_TEMPLATE
 
 from npuchat.engine.chat_template import ChatTemplate
+from npuchat.engine.events import ChatMessage
 from npuchat.engine.gguf_reader import GGUFFile
+from npuchat.engine.prompts import PromptBuilder, folded_system
 from npuchat.engine.tokenizer import Tokenizer
 
-REAL_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
+REAL_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")  # ChatML, compared with llama.cpp
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -229,3 +231,72 @@ def test_messages_may_be_any_mapping() -> None:
 
     template = ChatTemplate("{{ messages[0].role }}:{{ messages[0]['content'] }}", arch="qwen2")
     assert template.render([Turn(role="user", content="x")]) == "user:x"
+
+
+# Gemma 3's template (its text-only part): the system prompt joins the first user turn and
+# any other order of roles than user, model, user... is refused
+GEMMA3_STYLE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (  # Qwen2.5's own template renders a system turn where it comes
+            None,
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>system\nNote: be brief"
+            "<|im_end|>\n<|im_start|>assistant\n",
+        ),
+        (  # Gemma 3's takes only alternating turns: the note joins the question
+            GEMMA3_STYLE,
+            "<start_of_turn>user\nYou help.\n\nWhat is 2+2?\n\nNote: be brief<end_of_turn>\n"
+            "<start_of_turn>model\n",
+        ),
+    ],
+)
+def test_a_system_message_among_the_turns(
+    source: str | None,
+    expected: str,
+    real_model: Callable[[str], tuple[ChatTemplate, Tokenizer]],
+) -> None:
+    """A system message after the conversation began (Claude Code's environment note) is
+    rendered by the templates that take one, and folded into the user turn by those that
+    refuse it, instead of failing over to a fallback format."""
+    qwen, tok = real_model("qwen2.5-coder-0.5b")
+    template = qwen if source is None else ChatTemplate(source, arch="gemma3")
+    builder = PromptBuilder(template, tok, "m")
+    messages = [ChatMessage("user", "What is 2+2?"), ChatMessage("system", "Note: be brief")]
+    text = tok.decode(builder.ids("You help.", messages), special=True)
+    assert template.warning is None
+    assert text.endswith(expected)
+
+
+def test_system_messages_fold_into_the_user_turns_around_them() -> None:
+    turns = [
+        ChatMessage("system", "a"),
+        ChatMessage("user", "q1"),
+        ChatMessage("assistant", "r1"),
+        ChatMessage("system", "b"),
+        ChatMessage("user", "q2"),
+        ChatMessage("assistant", "r2"),
+        ChatMessage("system", "c"),
+    ]
+    assert folded_system(turns) == [
+        ChatMessage("user", "a\n\nq1"),
+        ChatMessage("assistant", "r1"),
+        ChatMessage("user", "b\n\nq2\n\nc"),
+        ChatMessage("assistant", "r2"),
+    ]
+    lone = [ChatMessage("assistant", "r"), ChatMessage("system", "s")]
+    assert folded_system(lone) == lone

@@ -281,7 +281,7 @@ def test_a_failure_mid_stream_ends_with_an_error_event() -> None:
         (_hi(max_tokens=0), "max_tokens"),
         (_ask(messages=[]), "messages"),
         (_ask(messages="hi"), "messages"),
-        (_ask(messages=[{"role": "system", "content": "hi"}]), "messages.0.role"),
+        (_ask(messages=[{"role": "tool", "content": "hi"}]), "messages.0.role"),
         (
             _ask(
                 messages=[

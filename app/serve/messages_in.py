@@ -17,7 +17,10 @@ search, code execution, ...), `max_tokens` below 1. `thinking` is accepted and h
 the models served here write no separate reasoning, so a reply has no thinking blocks (the
 API lets a model think less than its budget); thinking blocks sent back are left out of the
 prompt, as Anthropic leaves out those of earlier turns. `cache_control` marks are ignored:
-every conversation's KV is kept and reused here without them.
+every conversation's KV is kept and reused here without them. What Claude Code sends beside
+the API's fields is read as it means: `system` messages among the turns (its environment
+notes), tools marked `defer_loading` (not shown to the model until searched for: left out),
+and its billing line at the head of `system` (left out: it would defeat KV reuse).
 """
 
 from __future__ import annotations
@@ -82,6 +85,14 @@ def _texts(content: Any, param: str) -> list[str]:
     return out
 
 
+def _billing(text: str) -> bool:
+    """Claude Code's billing line for Anthropic's servers, sent as the system prompt's first
+    block (`x-anthropic-billing-header: cc_version=2.1.332.448; ...`). It means nothing to the
+    model and changes with each request, so kept it would put every request's prompt on a new
+    prefix and nothing could be reused; llama.cpp's and vLLM's servers leave it out too."""
+    return text.startswith("x-anthropic-billing-header:") and "\n" not in text.strip()
+
+
 def _joined(texts: list[str]) -> str:
     """Blocks of text as one message: a blank line between them (Claude Code sends a turn's
     reminders and its question as separate blocks)."""
@@ -95,9 +106,21 @@ def _string(block: dict[str, Any], key: str, param: str) -> str:
     return value
 
 
+def _reference(block: Any) -> str | None:
+    """The tool a `tool_reference` block names (the answer of a tool search: that deferred
+    tool is offered from then on), or None for any other block."""
+    name = block.get("tool_name") if _block_type(block) == "tool_reference" else None
+    return name if isinstance(name, str) and name else None
+
+
 def _tool_result(block: dict[str, Any], param: str) -> dict[str, Any]:
     content = block.get("content", "")
-    text = _joined(_texts(content, f"{param}.content"))
+    if isinstance(content, list):  # tool references read as the tools they load
+        loaded = [f"Tool loaded: {name}" for b in content if (name := _reference(b))]
+        content = [b for b in content if _reference(b) is None]
+        text = _joined([*loaded, *_texts(content, f"{param}.content")])
+    else:
+        text = _joined(_texts(content, f"{param}.content"))
     if block.get("is_error") is True:
         text = f"Error: {text}"  # what the tool said went wrong, so the model reads it so
     return {"role": "tool", "tool_call_id": _string(block, "tool_use_id", param), "content": text}
@@ -144,6 +167,8 @@ def _turn(role: str, content: Any, param: str) -> list[dict[str, Any]]:
                 + " blocks",
             )
     text = _joined(texts)
+    if role == "system":
+        return [{"role": "system", "content": text}]
     if role == "user":
         return [*results, {"role": "user", "content": text}] if text or not results else results
     message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -175,8 +200,8 @@ def history(body: MessagesBase) -> tuple[list[dict[str, Any]], list[int]]:
     origin: list[int] = []
     for i, message in enumerate(body.messages):
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("user", "assistant"):
-            raise _refuse(f"messages.{i}.role", 'give "user" or "assistant"')
+        if role not in ("user", "assistant", "system"):  # Claude Code sends system ones too
+            raise _refuse(f"messages.{i}.role", 'give "user", "assistant" or "system"')
         for turn in _turn(role, message.get("content"), f"messages.{i}"):
             before = len(out)
             _merge(out, turn)
@@ -185,7 +210,21 @@ def history(body: MessagesBase) -> tuple[list[dict[str, Any]], list[int]]:
     return out, origin
 
 
-def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+def _referenced(messages: list[Any]) -> set[str]:
+    """The tools the conversation's tool searches loaded (`tool_reference` blocks)."""
+    names = set()
+    for message in messages:
+        blocks = message.get("content") if isinstance(message, dict) else None
+        for block in blocks if isinstance(blocks, list) else ():
+            inner = block.get("content") if _block_type(block) == "tool_result" else None
+            if isinstance(inner, list):
+                names |= {name for b in inner if (name := _reference(b))}
+    return names
+
+
+def _tools(tools: list[Any], loaded: set[str]) -> list[dict[str, Any]]:
+    """The tools as chat functions; a deferred one (`defer_loading`) only once a tool search
+    has loaded it (`loaded`), as Anthropic's API shows it to the model."""
     out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else "this"
@@ -195,6 +234,8 @@ def _tools(tools: list[Any]) -> list[dict[str, Any]]:
                 f"{kind!r} tools run on Anthropic's servers, not here; give tools with a "
                 "name and an input_schema",
             )
+        if tool.get("defer_loading") is True and tool.get("name") not in loaded:
+            continue
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise _refuse(f"tools.{i}.input_schema", "give the tool's JSON schema (an object)")
@@ -241,7 +282,7 @@ def as_chat(body: MessagesBase, turns: list[dict[str, Any]], context: int) -> di
     with `model_context_window_exceeded`, Anthropic's word for it."""
     messages = turns
     if body.system is not None:
-        system = _joined(_texts(body.system, "system"))
+        system = _joined([t for t in _texts(body.system, "system") if not _billing(t)])
         messages = [{"role": "system", "content": system}, *turns] if system else turns
     choice, parallel = _tool_choice(body.tool_choice)
     chat: dict[str, Any] = {
@@ -251,7 +292,7 @@ def as_chat(body: MessagesBase, turns: list[dict[str, Any]], context: int) -> di
         "continue_final_message": turns[-1]["role"] == "assistant",
     }
     optional: dict[str, Any] = {
-        "tools": _tools(body.tools) if body.tools else None,
+        "tools": _tools(body.tools, _referenced(body.messages)) if body.tools else None,
         "tool_choice": choice,
         "response_format": _format(body.output_config),
         "conversation_id": body.conversation_id,

@@ -89,19 +89,16 @@ def _tool_call(call: ToolCallIn) -> ToolCall:
 
 def _messages(body: ChatCompletionIn) -> tuple[str, tuple[ChatMessage, ...]]:
     """The leading system (or developer) messages become the system prompt; the rest stay
-    turns. A system message after the first turn is refused: the engine keeps one system
-    prompt per conversation."""
+    turns, a system message among them too (agents add one as the work goes on: the template
+    renders it in place, or the engine folds it into a user turn where the template cannot)."""
     system: list[str] = []
     turns: list[ChatMessage] = []
-    for i, m in enumerate(body.messages):
+    for m in body.messages:
         if m.role in ("system", "developer"):
             if turns:
-                raise ApiError(
-                    400,
-                    f"messages.{i}: system messages must come before the conversation's turns",
-                    param=f"messages.{i}.role",
-                )
-            system.append(m.text())
+                turns.append(ChatMessage("system", m.text()))
+            else:
+                system.append(m.text())
             continue
         role = _TURN_ROLES[m.role]
         calls = tuple(_tool_call(c) for c in m.tool_calls or ())
