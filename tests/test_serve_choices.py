@@ -162,8 +162,9 @@ def test_a_completion_longer_than_the_context_is_a_400(path: Path, tmp_path: Pat
     session = ChatSession.open(path, name="syn", cache_dir=tmp_path, capacities=[128])
     engine = ConcurrentEngine(session)
     with serving(engine, context_length=128, slots=None) as (_, client):
-        with pytest.raises(openai.BadRequestError, match="shorten it"):
+        with pytest.raises(openai.BadRequestError, match="context length is 128 tokens") as e:
             client.completions.create(model="syn", prompt="the quick brown fox " * 40)
+        assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
         ok = client.completions.create(model="syn", prompt="the fox", max_tokens=3)
     engine.close()
     assert ok.choices[0].finish_reason == "length"
