@@ -52,6 +52,7 @@ __all__ = [
     "KVSnapshot",
     "attention_window",
     "bytes_per_token",
+    "check_context",
     "check_kv_dtype",
     "default_capacities",
     "kv_dtype_of",
@@ -170,6 +171,16 @@ DEFAULT_CONTEXT = 8192
 Qwen2.5) costs memory as the cache fills; `--context` / the `context` setting raise it."""
 MIN_CONTEXT = 256  # the smallest capacity variant
 MAX_CONTEXT = 1 << 20  # beyond any model here; a bound on what a config file can ask for
+
+
+def check_context(asked: int | None, trained: int, name: str) -> None:
+    """Refuse a context (`--context`; None: the default, `DEFAULT_CONTEXT` at most) that the
+    model cannot hold, in one line that gives the range it can."""
+    if asked is not None and not MIN_CONTEXT <= asked <= trained:
+        raise NpuchatError(
+            f"a context of {asked} tokens: {name} holds {MIN_CONTEXT} to {trained}; "
+            "give a number in that range"
+        )
 
 
 def default_capacities(context_length: int, limit: int | None = None) -> list[int]:

@@ -29,7 +29,7 @@ from .custom_ops import kernels_for
 from .devices import QnnOptions
 from .errors import NpuchatError
 from .gguf_reader import GGUFFile, ModelConfig
-from .kv_layout import MIN_CONTEXT, attention_window, default_capacities, resolve_kv_dtype
+from .kv_layout import attention_window, check_context, default_capacities, resolve_kv_dtype
 from .kvcache import KVCache, KVSnapshot
 from .layer_inputs import rope_tables
 from .npu_compile import NPU_STEP_ROWS, default_npu_capacity
@@ -92,9 +92,7 @@ class Model:
         rows of its one step graph (`npu_compile.NPU_STEP_ROWS`: every step pays for them).
         `kv_dtype`: how the cache stores K/V, "auto", "f32", "f16" or "int8" (the NPU's static
         graph reads f32 or int8; `kv_layout.resolve_kv_dtype`).
-        `context`: the most tokens the cache may grow to when `capacities` are not given (None:
-        the model's trained context, at most `DEFAULT_CONTEXT`); more than the model was
-        trained for is refused.
+        `context`: how far the cache may grow without `capacities` (`kv_layout.check_context`).
         """
         report = progress or (lambda stage, fraction: None)
         providers_for(device)  # unknown device: fail before any work
@@ -137,11 +135,7 @@ class Model:
         if cfg.swa_layers:
             window = 0
         context = min(cfg.context_length, window) if window > 0 else cfg.context_length
-        if asked is not None and not MIN_CONTEXT <= asked <= context:
-            raise NpuchatError(
-                f"a context of {asked} tokens: {cfg.name} holds {MIN_CONTEXT} to {context}; "
-                f"give a number in that range"
-            )
+        check_context(asked, context, cfg.name)
         caps = list(capacities) if capacities else default_capacities(context, asked)
         if device == "npu":  # one static capacity: each costs a compiled binary per graph
             npu_cap = asked or default_npu_capacity(context)
