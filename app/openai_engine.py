@@ -11,13 +11,11 @@ server (and llama-server) takes as a cancel.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,42 +30,16 @@ from npuchat.engine.events import (
     Event,
     Failed,
     FailureKind,
-    Finished,
     Metrics,
-    MetricsUpdate,
-    StopReason,
-    TokenDelta,
 )
 from npuchat.engine.grammar import ANY_OBJECT
 
+from .openai_reply import StreamedReply
 from .remote_context import context_counts, dropped_notice, is_context_error, shortened
 
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 600.0  # a long prefill on a slow server sends nothing for a while
-METRICS_INTERVAL_S = 0.1
-MAX_LINE_CHARS = 4 << 20  # one event's line: far more than any chunk of a reply
-
-
-class _LineTooLong(ValueError):
-    pass
-
-
-def _lines(texts: Iterator[str], limit: int = MAX_LINE_CHARS) -> Iterator[str]:
-    """The lines of a stream of text, each at most `limit` characters: a server that never
-    ends a line cannot fill the memory (httpx's own `iter_lines` keeps all of it)."""
-    rest = ""
-    for text in texts:
-        parts = (rest + text).splitlines(keepends=True)
-        rest = parts.pop() if parts and not parts[-1].endswith(("\n", "\r")) else ""
-        for part in parts:
-            yield part.rstrip("\r\n")
-        if len(rest) > limit:
-            raise _LineTooLong(f"a line of its reply is over {limit:,} characters")
-    if rest:
-        yield rest
-
-
-_STOP_REASONS: dict[str, StopReason] = {"stop": "eos", "length": "max_tokens", "tool_calls": "eos"}
+MAX_ERROR_BYTES = 64 << 10  # of a refusal's body: its message is a line or two
 
 
 @dataclass(frozen=True)
@@ -91,13 +63,20 @@ def base_url(url: str) -> str:
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:
-    """The response's error object (OpenAI's `{"error": {...}}`), its message always set."""
+    """The response's error object (OpenAI's `{"error": {...}}`), its message always set. At
+    most `MAX_ERROR_BYTES` of the body are read: a server's endless refusal fills no memory."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > MAX_ERROR_BYTES:
+            break
     try:
-        error = response.json().get("error")
+        error = json.loads(body).get("error")
     except (ValueError, AttributeError, RecursionError):
         error = None
     fields = error if isinstance(error, dict) else {"message": error}
-    message = fields.get("message") or response.text[:200] or response.reason_phrase
+    text = bytes(body[:200]).decode("utf-8", "replace")
+    message = fields.get("message") or text or response.reason_phrase
     return fields | {"message": str(message)}
 
 
@@ -191,6 +170,15 @@ class OpenAIEngine:
     def close(self) -> None:
         self._client.close()
 
+    def _base_metrics(self) -> Metrics:
+        """What a reply's figures start from: the served model as its list described it."""
+        return Metrics(
+            model=self.served.id,
+            draft=self.served.draft,
+            device=self.device,
+            kv_max_capacity=self.served.context_length,
+        )
+
     def _body(self, request: ChatRequest) -> tuple[str, dict[str, Any]]:
         s = request.sampling
         body: dict[str, Any] = {
@@ -243,9 +231,9 @@ class OpenAIEngine:
                     if response.status_code == 200:
                         if asked is not request:
                             yield dropped_notice(request, asked)
-                        yield from _Reply(self, response, cancel, t_request).events()
+                        reply = StreamedReply(self._base_metrics(), response, cancel, t_request)
+                        yield from reply.events()
                         return
-                    response.read()
                     error = _error(response)
                     fitted = None
                     if response.status_code == 400 and is_context_error(error):
@@ -260,151 +248,3 @@ class OpenAIEngine:
                 yield Cancelled(Metrics(model=self.served.id, device=self.device))
             else:
                 yield Failed(f"the server at {self._host} failed: {exc}")
-
-
-class _Reply:
-    """One streamed reply: chunks in, events out, figures measured on the way."""
-
-    def __init__(
-        self, engine: OpenAIEngine, response: httpx.Response, cancel: threading.Event, t0: float
-    ) -> None:
-        self.response = response
-        self.cancel = cancel
-        self.t0 = t0
-        self.t_first = 0.0
-        self.chunks = 0
-        self.usage: dict[str, Any] = {}
-        self.server: dict[str, Any] = {}
-        self.base = Metrics(
-            model=engine.served.id,
-            draft=engine.served.draft,
-            device=engine.device,
-            kv_max_capacity=engine.served.context_length,
-        )
-
-    def metrics(self) -> Metrics:
-        now = time.perf_counter()
-        tokens = _number(self.usage.get("completion_tokens")) or self.chunks
-        decode_s = now - self.t_first
-        m = replace(
-            self.base,
-            ttft_s=self.t_first - self.t0 if self.t_first else 0.0,
-            decode_tokens=max(0, tokens - 1),
-            decode_tps=(tokens - 1) / decode_s if tokens > 1 and decode_s > 0 else 0.0,
-        )
-        if self.usage:
-            details = _object(self.usage.get("prompt_tokens_details"))
-            cached = _number(details.get("cached_tokens"))
-            prompt = _number(self.usage.get("prompt_tokens"))
-            m = replace(m, prefill_tokens=prompt - cached, reused_tokens=cached)
-        s = self.server
-        if s:  # the figures only an npuchat server knows
-            m = replace(
-                m,
-                prefill_tps=_number(s.get("prefill_tps"), float),
-                drafted=_number(s.get("drafted")),
-                accepted=_number(s.get("accepted")),
-                kv_used=_number(s.get("kv_used")),
-                kv_capacity=_number(s.get("kv_capacity")),
-                draft=str(s.get("draft") or m.draft),
-            )
-        return m
-
-    def _watch_cancel(self, done: threading.Event) -> None:
-        """Close the connection the moment cancel is set, even mid-prefill (no chunk to wake).
-
-        Closing a socket does not wake a thread blocked reading it; shutting it down does, so
-        the reader sees the end at once and the server sees the disconnect."""
-        while not done.is_set():
-            if self.cancel.wait(0.05):
-                stream = self.response.extensions.get("network_stream")
-                sock = stream.get_extra_info("socket") if stream is not None else None
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-                self.response.close()
-                return
-
-    def events(self) -> Iterator[Event]:
-        done = threading.Event()
-        threading.Thread(target=self._watch_cancel, args=(done,), daemon=True).start()
-        finish: str | None = None
-        last_emit = 0.0
-        try:
-            for line in _lines(self.response.iter_text()):
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if not isinstance(chunk, dict):
-                    raise TypeError("a chunk that is not an object")
-                if "error" in chunk:
-                    error = chunk["error"]
-                    message = error.get("message") if isinstance(error, dict) else error
-                    yield Failed(str(message))
-                    return
-                self.usage = _object(chunk.get("usage")) or self.usage
-                self.server = _object(chunk.get("npuchat")) or self.server
-                for choice in chunk.get("choices") or []:
-                    text = _choice_text(choice)
-                    if text:
-                        if not self.t_first:
-                            self.t_first = time.perf_counter()
-                        self.chunks += 1
-                        yield TokenDelta(text)
-                    finish = choice.get("finish_reason") or finish
-                now = time.perf_counter()
-                if self.t_first and now - last_emit >= METRICS_INTERVAL_S:
-                    last_emit = now
-                    yield MetricsUpdate(self.metrics())
-        except _LineTooLong as exc:
-            yield Failed(f"the server sent a reply npuchat cannot read: {exc}")
-            return
-        except (httpx.HTTPError, httpx.StreamError, ValueError) as exc:
-            if not self.cancel.is_set():
-                yield Failed(f"the server's reply broke off: {exc}")
-                return
-        except (TypeError, AttributeError, RecursionError) as exc:  # a chunk of another shape
-            yield Failed(
-                f"the server sent a reply npuchat cannot read ({type(exc).__name__}); is it an "
-                "OpenAI-compatible server?"
-            )
-            return
-        finally:
-            done.set()
-        metrics = self.metrics()
-        yield MetricsUpdate(metrics)
-        if self.cancel.is_set():
-            yield Cancelled(metrics)
-        elif finish is None:
-            yield Failed("the server ended the reply without saying why")
-        else:
-            yield Finished(_STOP_REASONS.get(finish, "eos"), metrics)
-
-
-def _object(value: object) -> dict[str, Any]:
-    """A field a server may send as an object, else nothing (another server's shape)."""
-    return value if isinstance(value, dict) else {}
-
-
-def _number(value: object, kind: type[int] | type[float] = int) -> Any:
-    """A figure a server sent, 0 where it is no number."""
-    try:
-        return kind(value) if isinstance(value, int | float | str) else kind(0)
-    except (ValueError, OverflowError):  # "x", NaN, 1e400 as an int
-        return kind(0)
-
-
-def _choice_text(choice: dict[str, Any]) -> str:
-    """Content of a chat delta or a completion chunk; tool calls as the text that asked for them."""
-    if "text" in choice:
-        return str(choice.get("text") or "")
-    delta = choice.get("delta") or {}
-    text = str(delta.get("content") or "")
-    for call in delta.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        args = fn.get("arguments") or "{}"
-        text += f'<tool_call>{{"name": "{fn.get("name", "")}", "arguments": {args}}}</tool_call>'
-    return text

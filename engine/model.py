@@ -138,8 +138,7 @@ class Model:
         check_context(asked, context, cfg.name)
         caps = list(capacities) if capacities else default_capacities(context, asked)
         if device == "npu":  # one static capacity: each costs a compiled binary per graph
-            npu_cap = asked or default_npu_capacity(context)
-            caps = [max(capacities) if capacities else npu_cap]
+            caps = [max(capacities) if capacities else asked or default_npu_capacity(context)]
         if max(caps) > context:
             raise NpuchatError(f"KV capacity {max(caps)} exceeds {cfg.name}'s context of {context}")
         steps = max(self.prefill_chunk, self.verify_k + 1)  # the most rows one run writes

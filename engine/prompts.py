@@ -102,6 +102,15 @@ class PromptBuilder:
                 del self._system[next(iter(self._system))]
         return self._system[system]
 
+    def check_raw(self, ids: Seq[int], cap: int) -> None:
+        """Refuse a raw prompt (no turns to drop) that leaves no room for a reply token."""
+        if len(ids) >= cap:
+            raise PromptTooLongError(
+                f"the prompt is {len(ids)} tokens and {self._name} holds {cap}; shorten it",
+                len(ids),
+                cap,
+            )
+
     def fit(self, request: ChatRequest, cap: int) -> tuple[list[int], int]:
         """Prompt ids that leave room for a reply, dropping the oldest turns if needed.
 

@@ -350,13 +350,7 @@ class ChatSession:
         else:
             assert sampling is not None
             params, system, ids = sampling, None, request
-            if len(ids) >= self.model.max_capacity:  # a chat's turns are fitted instead
-                raise PromptTooLongError(
-                    f"the prompt is {len(ids)} tokens and {self._name} holds "
-                    f"{self.model.max_capacity}; shorten it",
-                    len(ids),
-                    self.model.max_capacity,
-                )
+            self.prompts.check_raw(ids, self.model.max_capacity)  # a chat's are fitted instead
         shape = constraint_for(self.tokenizer, params.json_schema, params.grammar)
         lazy, starts = later_constraints(self.tokenizer, params) if shape is None else (None, [])
         store = store_lock or contextlib.nullcontext()

@@ -101,10 +101,13 @@ def test_a_model_list_of_another_shape_is_a_one_line_error(models: object, serve
     assert "\n" not in str(info.value)
 
 
-def test_a_line_that_never_ends_is_a_one_line_error() -> None:
-    """A server that streams one line forever: the reply fails once the line is over the
-    bound, instead of growing in memory until the user gives up."""
-    endless = Server(_endless_app()).start()
+@pytest.mark.parametrize("status", [200, 400])
+def test_a_line_that_never_ends_is_a_one_line_error(status: int) -> None:
+    """A server that streams one line forever, as a reply or as a refusal's body: the reply
+    fails once the client has read its bound, instead of growing in memory until the user
+    gives up; the server sees the client go long before its 64 MiB are sent."""
+    sent: list[int] = []
+    endless = Server(_endless_app(status, sent)).start()
     engine = OpenAIEngine(endless.url)
     cancel = threading.Event()
     events: list[object] = []
@@ -121,10 +124,12 @@ def test_a_line_that_never_ends_is_a_one_line_error() -> None:
     assert endless.stopped, "the server is still streaming to a client that went away"
     assert finished, "the reply was still being read after 60 s"
     last = events[-1]
-    assert isinstance(last, Failed) and "\n" not in last.message and "over" in last.message
+    assert isinstance(last, Failed) and "\n" not in last.message
+    assert ("over" in last.message) if status == 200 else len(last.message) <= 200
+    assert sum(sent) < 32 << 20  # a client reading the whole body takes all 64 MiB
 
 
-def _endless_app() -> Starlette:
+def _endless_app(status: int, sent: list[int]) -> Starlette:
     async def list_models(request: Request) -> Response:
         return JSONResponse({"data": [{"id": "m"}]})
 
@@ -133,13 +138,15 @@ def _endless_app() -> Starlette:
             # 64 MiB with no line end: "forever" to a client that keeps a line whole; the
             # server stops there and when the client goes (a generator writing to a closed
             # connection would spin for the rest of the test session)
-            yield b"data: "
+            yield b"data: " if status == 200 else b'{"error": {"message": "'
             for _ in range(1024):
                 if await request.is_disconnected():
                     return
+                sent.append(65536)
                 yield b"x" * 65536
 
-        return StreamingResponse(endless(), media_type="text/event-stream")
+        kind = "text/event-stream" if status == 200 else "application/json"
+        return StreamingResponse(endless(), status_code=status, media_type=kind)
 
     return Starlette(
         routes=[

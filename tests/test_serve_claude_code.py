@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+import httpx
 from scripted_engine import ScriptedEngine, ScriptedReply
 from serve_helpers import serving
 
@@ -108,3 +109,16 @@ def test_claude_code_s_requests_are_read_as_they_mean() -> None:
     assert [t.name for t in first.tools] == ["Read", "ToolSearch"]
     assert [t.name for t in third.tools] == ["Read", "ToolSearch", "WebFetch"]
     assert third.messages[-1] == ChatMessage("tool", "Tool loaded: WebFetch", (), "toolu_1")
+
+
+def test_a_system_message_among_the_turns_holds_text_only() -> None:
+    call = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"path": "a"}}
+    turns = [{"role": "user", "content": "hi"}, {"role": "system", "content": [call]}]
+    engine = ScriptedEngine()
+    with serving(engine) as (server, _):
+        body = {"model": "scripted-1b", "max_tokens": 8, "messages": turns, "tools": [READ]}
+        r = httpx.post(server.url + "/v1/messages", json=body, timeout=30)
+    assert r.status_code == 400 and engine.requests == []
+    assert r.json()["error"]["message"] == (
+        "messages.1.content.0.type: tool_use is not read in a system turn here; give text blocks"
+    )

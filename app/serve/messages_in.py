@@ -140,6 +140,9 @@ def _tool_use(block: dict[str, Any], param: str) -> dict[str, Any]:
     }
 
 
+_OTHER_BLOCKS = {"user": ", tool_result", "assistant": ", tool_use", "system": ""}
+
+
 def _turn(role: str, content: Any, param: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user turn's tool results (each a tool
     message) before its text; an assistant turn's text with its calls."""
@@ -163,7 +166,7 @@ def _turn(role: str, content: Any, param: str) -> list[dict[str, Any]]:
             raise _refuse(
                 f"{where}.type",
                 f"{kind or 'this block'} is not read in a {role} turn here; give text"
-                + (", tool_result" if role == "user" else ", tool_use")
+                + _OTHER_BLOCKS[role]
                 + " blocks",
             )
     text = _joined(texts)

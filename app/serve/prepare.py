@@ -230,7 +230,6 @@ def prepare_completion(body: CompletionIn, context_length: int) -> Prepared:
         sampling=body.sampling(max_tokens, context_length),
         priority=body.priority,
         raw_prompt=body.text(),
-        drop_turns=False,
     )
     echo = body.text() if body.echo else ""
     prepared = Prepared(request, body.stream, body.include_usage, frozenset(), echo=echo)
